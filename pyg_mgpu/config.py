@@ -1,0 +1,86 @@
+"""One typed, validated configuration for a training run (argparse lives only in the CLI)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+class ConfigError(ValueError):
+    """A bad option: the message names the flag, what was given and what is accepted."""
+
+
+EVAL_MODES = ("rank0", "all")
+SAMPLERS = ("auto", "native", "pyg")
+INFERENCE_MODES = ("sampled", "layerwise")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs; ``__post_init__`` rejects bad values with a message naming the flag."""
+
+    dataset: str = "synthetic"
+    root: Optional[str] = None
+    devices: str = "auto"
+    nprocs: Optional[int] = None
+    epochs: int = 10
+    batch_size: int = 1024
+    fanout: tuple[int, ...] = (25, 10)
+    hidden: int = 256
+    dropout: float = 0.5
+    lr: float = 0.003
+    seed: int = 0
+    eval_on: str = "rank0"
+    eval_every: int = 1
+    eval_batch_size: Optional[int] = None
+    out: Optional[str] = None
+    sampler: str = "auto"
+    num_workers: int = 0
+    timeout_s: float = 300.0
+    profile: bool = False
+    debug: bool = False
+    # Size of the embedded synthetic dataset (ignored by the others).
+    num_nodes: int = 50_000
+    num_edges: int = 1_000_000
+    num_features: int = 64
+    num_classes: int = 16
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fanout = tuple(int(k) for k in self.fanout)
+        positive = {"--epochs": self.epochs, "--batch-size": self.batch_size,
+                    "--hidden": self.hidden, "--eval-every": self.eval_every,
+                    "--num-nodes": self.num_nodes, "--num-edges": self.num_edges,
+                    "--num-features": self.num_features, "--num-classes": self.num_classes}
+        if self.eval_batch_size is not None:
+            positive["--eval-batch-size"] = self.eval_batch_size
+        if self.nprocs is not None:
+            positive["--nprocs"] = self.nprocs
+        for flag, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{flag} must be a positive integer, got {value}.")
+        if not self.fanout or any(k == 0 or k < -1 for k in self.fanout):
+            raise ConfigError(f"--fanout must list one positive count per layer (or -1 for all "
+                              f"neighbours), e.g. 25,10; got {','.join(map(str, self.fanout))}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"--dropout must lie in [0, 1), got {self.dropout}.")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be positive, got {self.lr}.")
+        if self.eval_on not in EVAL_MODES:
+            raise ConfigError(f"--eval-on must be one of {', '.join(EVAL_MODES)}, "
+                              f"got {self.eval_on!r}.")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}, "
+                              f"got {self.sampler!r}.")
+        if self.num_workers < 0:
+            raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.fanout)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["fanout"] = list(self.fanout)
+        return d

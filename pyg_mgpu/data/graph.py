@@ -1,0 +1,199 @@
+"""The one training layout every dataset is converted to, once, in the parent process.
+
+A :class:`GraphStore` holds the graph in CSC form (for every node, the sources of its in-edges,
+which is what a neighbour sampler walks), node features, labels and the three split index
+tensors. :meth:`GraphStore.share_memory_` moves every tensor to shared memory so spawned ranks
+map the parent's pages instead of copying them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class DatasetError(ValueError):
+    """Bad dataset input: the message says what is wrong and what to do."""
+
+
+SPLITS = ("train_idx", "val_idx", "test_idx")
+NPZ_KEYS = ("edge_index", "x", "y") + SPLITS
+
+
+@dataclass
+class GraphStore:
+    """A node-classification graph in the layout the samplers and trainers use.
+
+    Attributes:
+        name: Dataset name, for logs and metrics.
+        colptr: ``[N + 1]`` int64 CSC pointers: the in-neighbours of node ``v`` are
+            ``row[colptr[v]:colptr[v + 1]]``.
+        row: ``[E]`` int64 source node of each edge, grouped by destination.
+        x: ``[N, F]`` float32 node features.
+        y: ``[N]`` int64 labels in ``[0, num_classes)``.
+        train_idx, val_idx, test_idx: int64 node ids of each split (disjoint).
+        num_classes: Number of label classes.
+    """
+
+    name: str
+    colptr: Tensor
+    row: Tensor
+    x: Tensor
+    y: Tensor
+    train_idx: Tensor
+    val_idx: Tensor
+    test_idx: Tensor
+    num_classes: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.colptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.row.numel()
+
+    @property
+    def num_features(self) -> int:
+        return self.x.size(1)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if isinstance(getattr(self, f.name), Tensor)}
+
+    def nbytes(self) -> int:
+        """Bytes held by all tensors: the size of one copy of the dataset."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    def share_memory_(self) -> "GraphStore":
+        """Moves every tensor to shared memory in place (ranks then map, not copy, them)."""
+        for t in self.tensors().values():
+            t.share_memory_()
+        return self
+
+    def is_shared(self) -> bool:
+        return all(t.is_shared() for t in self.tensors().values())
+
+    def in_degree(self) -> Tensor:
+        return self.colptr[1:] - self.colptr[:-1]
+
+    def edge_index(self) -> Tensor:
+        """``[2, E]`` (source, destination) edge list, in CSC order."""
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
+        return torch.stack([self.row, dst])
+
+    def summary(self) -> str:
+        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
+                f"{self.num_features} features, {self.num_classes} classes, "
+                f"train/val/test {self.train_idx.numel():,}/{self.val_idx.numel():,}/"
+                f"{self.test_idx.numel():,}")
+
+    @classmethod
+    def from_edge_index(
+        cls,
+        name: str,
+        edge_index: Tensor,
+        x: Tensor,
+        y: Tensor,
+        train_idx: Tensor,
+        val_idx: Tensor,
+        test_idx: Tensor,
+        num_classes: Optional[int] = None,
+    ) -> "GraphStore":
+        """Validates a (source, destination) edge list with node data and converts it to CSC.
+
+        Raises:
+            DatasetError: if any shape, range or split is wrong (the message says which).
+        """
+        edge_index = torch.as_tensor(edge_index)
+        x = torch.as_tensor(x)
+        y = torch.as_tensor(y)
+        splits = [torch.as_tensor(s) for s in (train_idx, val_idx, test_idx)]
+        _validate(name, edge_index, x, y, splits)
+        # Unlabeled nodes outside every split may carry any negative label; mark them -1.
+        y = y.view(-1).long().clamp(min=-1)
+        num_nodes = x.size(0)
+        if num_classes is None:
+            num_classes = int(y.max()) + 1
+        elif int(y.max()) >= num_classes:
+            raise DatasetError(f"{name}: label {int(y.max())} is out of range for "
+                               f"{num_classes} classes; labels must lie in [0, {num_classes}).")
+        src, dst = edge_index[0].long(), edge_index[1].long()
+        # A stable sort by destination groups each node's in-edges and keeps their input order.
+        order = torch.sort(dst, stable=True).indices
+        colptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+        torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0, out=colptr[1:])
+        return cls(
+            name=name,
+            colptr=colptr,
+            row=src[order].contiguous(),
+            x=x.float().contiguous(),
+            y=y.contiguous(),
+            train_idx=splits[0].view(-1).long().contiguous(),
+            val_idx=splits[1].view(-1).long().contiguous(),
+            test_idx=splits[2].view(-1).long().contiguous(),
+            num_classes=int(num_classes),
+        )
+
+    def save_npz(self, path: str | Path) -> Path:
+        """Exports to the neutral ``.npz`` format (``edge_index, x, y, train_idx, val_idx,
+        test_idx``) that ``--dataset path.npz`` and the DGL variant both read."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        arrays = {k: v.numpy() for k, v in self.tensors().items() if k in NPZ_KEYS}
+        arrays["edge_index"] = self.edge_index().numpy()
+        np.savez(tmp, num_classes=np.int64(self.num_classes), **arrays)
+        tmp.replace(path)
+        return path
+
+
+def _validate(name: str, edge_index: Tensor, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
+    if x.dim() != 2 or x.size(0) == 0:
+        raise DatasetError(f"{name}: features x must be a non-empty [num_nodes, num_features] "
+                           f"matrix, got shape {tuple(x.shape)}.")
+    num_nodes = x.size(0)
+    if not torch.is_floating_point(x):
+        x = x.float()
+    if not torch.isfinite(x).all():
+        bad = int((~torch.isfinite(x)).any(1).sum())
+        raise DatasetError(f"{name}: {bad} node(s) have NaN or inf features; clean or impute "
+                           "them before training.")
+    if y.dim() == 2 and y.size(1) == 1:
+        y = y.view(-1)
+    if y.dim() != 1 or y.numel() != num_nodes:
+        raise DatasetError(f"{name}: labels y must have shape [{num_nodes}] (one per node), "
+                           f"got {tuple(y.shape)}.")
+    if torch.is_floating_point(y) and not torch.equal(y, y.round()):
+        raise DatasetError(f"{name}: labels y must be integer class ids, got fractional values.")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise DatasetError(f"{name}: edge_index must have shape [2, num_edges], got "
+                           f"{tuple(edge_index.shape)}.")
+    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
+        raise DatasetError(f"{name}: edge_index holds node ids outside [0, {num_nodes}) "
+                           f"(min {int(edge_index.min())}, max {int(edge_index.max())}).")
+    seen = torch.zeros(num_nodes, dtype=torch.bool)
+    for split_name, idx in zip(SPLITS, splits):
+        idx = idx.view(-1)
+        if idx.numel() == 0:
+            raise DatasetError(f"{name}: split {split_name} is empty; every split needs nodes.")
+        if torch.is_floating_point(idx) or idx.dtype == torch.bool:
+            raise DatasetError(f"{name}: split {split_name} must hold integer node ids, got "
+                               f"{idx.dtype}.")
+        if int(idx.min()) < 0 or int(idx.max()) >= num_nodes:
+            raise DatasetError(f"{name}: split {split_name} holds node ids outside "
+                               f"[0, {num_nodes}) (min {int(idx.min())}, max {int(idx.max())}).")
+        if idx.unique().numel() != idx.numel():
+            raise DatasetError(f"{name}: split {split_name} lists some nodes more than once.")
+        if seen[idx].any():
+            raise DatasetError(f"{name}: split {split_name} overlaps an earlier split in "
+                               f"{int(seen[idx].sum())} node(s); splits must be disjoint.")
+        seen[idx] = True
+    labelled = y[seen]
+    if int(labelled.min()) < 0:
+        raise DatasetError(f"{name}: nodes in the splits need labels >= 0, got "
+                           f"{int(labelled.min())}; keep unlabeled nodes out of every split.")

@@ -1,0 +1,139 @@
+"""Multi-GPU / multi-CPU-rank GraphSAGE training: ``python -m pyg_mgpu.distributed_sampling``.
+
+The parent loads the dataset once into shared memory, then starts one rank per device (or runs
+as one rank of a ``torchrun`` job). Mistakes in the input end with a one-line error and exit
+code 2; a failed rank ends the job with exit code 1 and names the rank.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .config import ConfigError, TrainConfig
+
+
+def parse_fanout(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--fanout takes comma-separated integers such as 25,10; got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m pyg_mgpu.distributed_sampling",
+        description="Train GraphSAGE with neighbour sampling on every GPU (or N CPU ranks).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", default=d.dataset,
+                   help="synthetic, cora, citeseer, pubmed, reddit, ogbn-arxiv, ogbn-products, "
+                        "ogbn-papers100M, or a path to a .npz graph")
+    p.add_argument("--root", default=d.root, help="folder the dataset lives in")
+    p.add_argument("--devices", default=d.devices, help="auto, cpu, cuda or cuda:0,1,...")
+    p.add_argument("--nprocs", type=int, default=d.nprocs,
+                   help="number of ranks (CPU ranks default to 2)")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
+                   help="defaults to --batch-size")
+    p.add_argument("--fanout", type=parse_fanout, default=d.fanout,
+                   help="neighbours per layer, e.g. 25,10 (-1 = all); sets the layer count")
+    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--dropout", type=float, default=d.dropout)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval-on", choices=["rank0", "all"], default=d.eval_on)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--out", default=d.out, help="output folder (default: runs/<timestamp>)")
+    p.add_argument("--sampler", choices=["auto", "native", "pyg"], default=d.sampler)
+    p.add_argument("--num-workers", type=int, default=d.num_workers,
+                   help="DataLoader worker processes per rank for sampling")
+    p.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
+                   help="seconds a collective may wait for a peer before the job fails")
+    p.add_argument("--profile", action="store_true", help="print per-stage times per epoch")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    synthetic = p.add_argument_group("synthetic dataset size")
+    for flag in ("num_nodes", "num_edges", "num_features", "num_classes"):
+        synthetic.add_argument("--" + flag.replace("_", "-"), type=int, default=getattr(d, flag))
+    return p
+
+
+def make_out_dir(out: Optional[str]) -> Path:
+    path = Path(out) if out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot write there ({e.strerror}); choose a "
+                          "writable folder.")
+    return path
+
+
+def run(cfg: TrainConfig) -> Path:
+    """Loads the data once, shares it, starts the ranks; returns the output folder."""
+    import torch
+
+    from .data.datasets import load_dataset
+    from .data.synthetic import SyntheticSpec
+    from .distributed import launch_local, launched_by_torchrun, resolve_devices
+    from .loader import resolve_sampler
+    from .sharding import check_shardable
+
+    resolve_sampler(cfg.sampler)
+    out = make_out_dir(cfg.out)
+    if launched_by_torchrun():
+        from .multinode import run_torchrun_rank
+        run_torchrun_rank(cfg, out)
+        return out
+    devices = resolve_devices(cfg.devices, cfg.nprocs)
+    spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
+                         num_features=cfg.num_features, num_classes=cfg.num_classes)
+    start = time.perf_counter()
+    graph = load_dataset(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
+    check_shardable(graph.train_idx.numel(), len(devices), cfg.batch_size)
+    graph.share_memory_()
+    load_s = time.perf_counter() - start
+    print(f"{graph.summary()} | loaded in {load_s:.1f}s | {len(devices)} rank(s) on "
+          f"{devices[0].type} | threads/rank {max(1, (os.cpu_count() or 1) // len(devices))}",
+          flush=True)
+    from .trainer import run_training
+    launch_local(run_training, devices, args=(graph, cfg, str(out), {"load_time_s": load_s}),
+                 timeout_s=cfg.timeout_s)
+    del torch
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    debug = args.debug
+    try:
+        cfg = TrainConfig(**vars(args))
+        run(cfg)
+    except (ConfigError, ValueError, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a rank failed: RankFailed carries its traceback already
+        from .distributed import RankFailed
+        if debug or not isinstance(e, RankFailed):
+            traceback.print_exc()
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

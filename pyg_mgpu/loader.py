@@ -1,0 +1,87 @@
+"""Mini-batch loaders: PyG's ``NodeLoader`` driven by our sampler and our epoch sharding.
+
+Batches are ordinary PyG ``Data`` objects (``x, y, edge_index, batch_size, n_id,
+num_sampled_nodes, num_sampled_edges``), so PyG users see what ``NeighborLoader`` gives them.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.loader import NodeLoader
+
+from .data.graph import GraphStore
+from .sampler import NativeNeighborSampler
+from .sharding import epoch_batches, steps_per_epoch
+
+
+def pyg_sampler_available() -> bool:
+    """PyG's own neighbour sampler needs pyg-lib or torch-sparse (neither is on the registry)."""
+    from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
+    return bool(WITH_PYG_LIB or WITH_TORCH_SPARSE)
+
+
+def resolve_sampler(choice: str) -> str:
+    if choice == "pyg" and not pyg_sampler_available():
+        raise ValueError("--sampler pyg needs pyg-lib or torch-sparse installed (see "
+                         "docs/benchmarks.md); use --sampler native.")
+    return "native" if choice == "auto" else choice
+
+
+class EpochBatchSampler:
+    """Yields this rank's batches (positions into the training nodes) for the current epoch.
+
+    Call :meth:`set_epoch` before each epoch; the batches come from
+    :func:`pyg_mgpu.sharding.epoch_batches`, so all ranks run the same number of steps.
+    """
+
+    def __init__(self, num_items: int, *, seed: int, rank: int, world_size: int,
+                 batch_size: int, shuffle: bool = True):
+        self.num_items = num_items
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return steps_per_epoch(self.num_items, self.world_size, self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        positions = torch.arange(self.num_items)
+        for batch in epoch_batches(positions, seed=self.seed, epoch=self.epoch, rank=self.rank,
+                                   world_size=self.world_size, batch_size=self.batch_size,
+                                   shuffle=self.shuffle):
+            yield batch.tolist()
+
+
+def _make_sampler(graph: GraphStore, fanout: Sequence[int], kind: str, seed: int):
+    if kind == "native":
+        return NativeNeighborSampler(graph.colptr, graph.row, fanout, seed=seed)
+    from torch_geometric.sampler import NeighborSampler
+    # PyG converts the edge list to its own CSC copy (the price of its sampler).
+    data = Data(edge_index=graph.edge_index(), num_nodes=graph.num_nodes)
+    return NeighborSampler(data, num_neighbors=list(fanout), is_sorted=False)
+
+
+def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
+                seed: int, batch_size: int, num_workers: int = 0,
+                batch_sampler: Optional[EpochBatchSampler] = None) -> NodeLoader:
+    """A loader over ``nodes``: sharded epochs with ``batch_sampler``, else in order.
+
+    Features and labels stay in the graph's (shared) memory; each batch gathers its rows.
+    """
+    # The empty edge_index is a slot: PyG fills it with each batch's sampled (row, col).
+    data = Data(x=graph.x, y=graph.y, edge_index=torch.empty(2, 0, dtype=torch.long),
+                num_nodes=graph.num_nodes)
+    loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
+                             filter_per_worker=num_workers > 0)
+    if batch_sampler is not None:
+        loader_args["batch_sampler"] = batch_sampler
+    else:
+        loader_args.update(batch_size=batch_size, shuffle=False)
+    return NodeLoader(data, node_sampler=_make_sampler(graph, fanout, sampler, seed),
+                      input_nodes=nodes, **loader_args)

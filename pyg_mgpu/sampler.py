@@ -1,0 +1,152 @@
+"""A vectorized uniform neighbour sampler in plain torch, plugged into PyG's loader API.
+
+PyG's own ``NeighborSampler`` needs ``pyg-lib`` or ``torch-sparse``; this one needs neither and
+runs on CPU and CUDA tensors alike. Per hop, every frontier node keeps all its in-neighbours when
+its degree is at most the fanout, and otherwise exactly ``fanout`` distinct ones, each equally
+likely (Floyd's algorithm, run for all nodes at once: ``fanout`` vector steps, no per-node Python).
+
+Output follows PyG's conventions (:class:`~torch_geometric.sampler.SamplerOutput`): ``node``
+lists the seeds first, then each hop's newly reached nodes; ``row``/``col`` are local ids of the
+(source, destination) of every sampled edge, grouped by hop and, within a hop, by destination;
+``num_sampled_nodes``/``num_sampled_edges`` give the per-hop counts that layer trimming uses.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
+
+
+class NativeNeighborSampler(BaseSampler):
+    """Uniform neighbour sampling without replacement over a CSC graph.
+
+    Args:
+        colptr: ``[N + 1]`` CSC pointers.
+        row: ``[E]`` source node of each edge, grouped by destination.
+        fanouts: neighbours to draw per node at each hop; ``-1`` keeps all of them.
+        seed: seeds this sampler's random generator (so runs are reproducible).
+    """
+
+    def __init__(self, colptr: Tensor, row: Tensor, fanouts: Sequence[int],
+                 seed: Optional[int] = None):
+        if any(k == 0 or k < -1 for k in fanouts):
+            raise ValueError(f"fanouts must be positive (or -1 for all neighbours), got "
+                             f"{list(fanouts)}.")
+        self.colptr = colptr
+        self.row = row
+        self.fanouts = list(fanouts)
+        self.generator = torch.Generator(device=colptr.device)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        self._lookup: Optional[Tensor] = None  # global -> local id, built lazily per process
+
+    @property
+    def num_nodes(self) -> int:
+        return self.colptr.numel() - 1
+
+    def __getstate__(self) -> dict:
+        # Workers rebuild their own lookup array; never pickle a per-process scratch buffer.
+        state = self.__dict__.copy()
+        state["_lookup"] = None
+        state["generator"] = self.generator.get_state()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        gen_state = state.pop("generator")
+        self.__dict__.update(state)
+        self.generator = torch.Generator(device=self.colptr.device)
+        self.generator.set_state(gen_state)
+
+    def sample_from_nodes(self, inputs: NodeSamplerInput, **kwargs) -> SamplerOutput:
+        out = self.sample(inputs.node)
+        out.metadata = (inputs.input_id, inputs.time)
+        return out
+
+    def sample_from_edges(self, inputs, neg_sampling=None) -> SamplerOutput:
+        raise NotImplementedError("NativeNeighborSampler samples from nodes only (node "
+                                  "classification); use PyG's NeighborSampler for link tasks.")
+
+    def sample(self, seeds: Tensor) -> SamplerOutput:
+        """Samples the multi-hop neighbourhood of ``seeds`` (global ids, assumed distinct)."""
+        device = self.colptr.device
+        seeds = seeds.to(device=device, dtype=torch.long)
+        if self._lookup is None or self._lookup.device != device:
+            self._lookup = torch.full((self.num_nodes,), -1, dtype=torch.long, device=device)
+        lookup = self._lookup
+
+        nodes = [seeds]
+        lookup[seeds] = torch.arange(seeds.numel(), device=device)
+        num_nodes = seeds.numel()
+        frontier, frontier_start = seeds, 0
+        rows, cols, edges = [], [], []
+        num_sampled_nodes, num_sampled_edges = [seeds.numel()], []
+        try:
+            for fanout in self.fanouts:
+                local_dst, edge_id = self._sample_hop(frontier, fanout)
+                nbr = self.row[edge_id]
+                new_nodes = self._first_occurrences(nbr, lookup)
+                lookup[new_nodes] = torch.arange(num_nodes, num_nodes + new_nodes.numel(),
+                                                 device=device)
+                rows.append(lookup[nbr])
+                cols.append(local_dst + frontier_start)
+                edges.append(edge_id)
+                nodes.append(new_nodes)
+                num_sampled_nodes.append(new_nodes.numel())
+                num_sampled_edges.append(edge_id.numel())
+                frontier, frontier_start = new_nodes, num_nodes
+                num_nodes += new_nodes.numel()
+            node = torch.cat(nodes)
+        finally:
+            # Leave the scratch array clean for the next batch, even after an error.
+            lookup[torch.cat(nodes)] = -1
+        return SamplerOutput(node=node, row=torch.cat(rows), col=torch.cat(cols),
+                             edge=torch.cat(edges), num_sampled_nodes=num_sampled_nodes,
+                             num_sampled_edges=num_sampled_edges)
+
+    def _sample_hop(self, dst: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+        """Returns (position of the destination in ``dst``, CSC edge id) for each sampled edge."""
+        start = self.colptr[dst]
+        deg = self.colptr[dst + 1] - start
+        count = deg if fanout < 0 else deg.clamp(max=fanout)
+        local_dst = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), count)
+        # Rank of each output slot within its node: 0, 1, ..., count - 1.
+        first_slot = torch.cumsum(count, 0) - count
+        offset = torch.arange(local_dst.numel(), device=dst.device) - first_slot[local_dst]
+        if fanout > 0:
+            big = deg > fanout
+            if bool(big.any()):
+                # Big nodes own exactly `fanout` consecutive slots, in node order.
+                offset[big[local_dst]] = self._floyd(deg[big], fanout).view(-1)
+        return local_dst, start[local_dst] + offset
+
+    def _floyd(self, deg: Tensor, k: int) -> Tensor:
+        """``[len(deg), k]`` distinct uniform offsets in ``[0, deg)`` per row (Floyd, 1987).
+
+        Step i draws t uniformly from [0, j] with j = deg - k + i; if t was already chosen, j
+        (never chosen before) is taken instead. Every k-subset comes out equally likely.
+        """
+        chosen = torch.empty(deg.numel(), k, dtype=torch.long, device=deg.device)
+        # float64 keeps the draw uniform even for degrees in the millions.
+        u = torch.rand(deg.numel(), k, dtype=torch.float64, device=deg.device,
+                       generator=self.generator)
+        for i in range(k):
+            j = deg - k + i
+            t = (u[:, i] * (j + 1)).long()
+            if i > 0:
+                t = torch.where((chosen[:, :i] == t.unsqueeze(1)).any(1), j, t)
+            chosen[:, i] = t
+        return chosen
+
+    @staticmethod
+    def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
+        """Distinct nodes of ``nbr`` not yet in ``lookup``, without sorting.
+
+        Every candidate writes its position into the lookup; exactly one write per node wins, so
+        the positions that read back their own index are one representative per new node.
+        """
+        cand = nbr[lookup[nbr] < 0]
+        pos = torch.arange(cand.numel(), device=cand.device)
+        lookup[cand] = pos
+        return cand[lookup[cand] == pos]

@@ -1,0 +1,235 @@
+"""What one rank does: train a DDP GraphSAGE on its shard, evaluate, and (rank 0) report.
+
+Metrics are reduced as sums and counts (torchmetrics states: correct/total, weighted loss
+sum/weight), never as averages of per-rank ratios. Validation runs on rank 0 between barriers
+(``--eval-on rank0``, the recipe's shape) or sharded over all ranks (``--eval-on all``).
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import resource
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from tqdm import tqdm
+
+from .checkpoint import save_json, save_text, save_torch
+from .config import TrainConfig
+from .data.graph import GraphStore
+from .distributed import RankContext
+from .loader import EpochBatchSampler, make_loader, resolve_sampler
+from .model import GraphSAGE
+from .sharding import eval_shard
+
+HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_acc", "epoch_time_s", "eval_time_s")
+
+
+@dataclass
+class StageTimer:
+    """Seconds spent per training stage, for ``--profile`` and metrics.json."""
+
+    device: torch.device
+    sync: bool = False
+    seconds: dict = field(default_factory=lambda: defaultdict(float))
+    _last: float = 0.0
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        if self.sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[stage] += now - self._last
+        self._last = now
+
+
+def _forward(model: torch.nn.Module, batch) -> torch.Tensor:
+    out = model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+    return out[:batch.batch_size]
+
+
+def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
+                ctx: RankContext, num_classes: int, timer: StageTimer,
+                epoch: int) -> tuple[float, float]:
+    """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks."""
+    ddp.train()
+    loss_sum = MeanMetric(sync_on_compute=True).to(ctx.device)
+    accuracy = MulticlassAccuracy(num_classes, average="micro",
+                                  sync_on_compute=True).to(ctx.device)
+    batches = tqdm(loader, desc=f"epoch {epoch}", disable=not ctx.is_main, leave=False,
+                   dynamic_ncols=True)
+    # Equal step counts are guaranteed by the sharding; Join only turns a bug there into an
+    # error instead of a hang.
+    with Join([ddp], throw_on_early_termination=True):
+        timer.start()
+        for batch in batches:
+            batch = batch.to(ctx.device, non_blocking=True)
+            y = batch.y[:batch.batch_size]
+            timer.lap("load")
+            optimizer.zero_grad(set_to_none=True)
+            out = _forward(ddp, batch)
+            loss = F.cross_entropy(out, y)
+            timer.lap("forward")
+            loss.backward()  # DDP's gradient all-reduce overlaps this
+            timer.lap("backward")
+            optimizer.step()
+            loss_sum.update(loss.detach(), weight=y.numel())
+            accuracy.update(out.detach(), y)
+            timer.lap("optimizer")
+    return float(loss_sum.compute()), float(accuracy.compute())
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, device: torch.device, num_classes: int,
+             sync: bool) -> float:
+    """Accuracy over every node of ``loader`` (all ranks' shards when ``sync``)."""
+    was_training = model.training
+    model.eval()
+    accuracy = MulticlassAccuracy(num_classes, average="micro", sync_on_compute=sync).to(device)
+    for batch in loader:
+        batch = batch.to(device, non_blocking=True)
+        accuracy.update(_forward(model, batch), batch.y[:batch.batch_size])
+    model.train(was_training)
+    return float(accuracy.compute())
+
+
+class Evaluator:
+    """Validation/test accuracy on rank 0 alone, or sharded over all ranks."""
+
+    def __init__(self, graph: GraphStore, cfg: TrainConfig, ctx: RankContext, sampler: str):
+        self.ctx, self.graph, self.cfg = ctx, graph, cfg
+        self.sharded = cfg.eval_on == "all"
+        self.sampler = sampler
+
+    def _loader(self, nodes: torch.Tensor):
+        if self.sharded:
+            nodes = eval_shard(nodes, self.ctx.rank, self.ctx.world_size)
+        # Same seed on every rank and in every mode: the eval sample depends on the node only
+        # through the batch it lands in, and with fanout -1 not at all.
+        return make_loader(self.graph, nodes, fanout=self.cfg.fanout, sampler=self.sampler,
+                           seed=self.cfg.seed + 7919,
+                           batch_size=self.cfg.eval_batch_size or self.cfg.batch_size)
+
+    def accuracy(self, model: torch.nn.Module, nodes: torch.Tensor) -> float:
+        """The split's accuracy, known on every rank afterwards."""
+        result = torch.zeros(1, dtype=torch.float64)
+        if self.sharded or self.ctx.is_main:
+            result[0] = evaluate(model, self._loader(nodes), self.ctx.device,
+                                 self.graph.num_classes, sync=self.sharded)
+        if not self.sharded:
+            # Others wait at the broadcast (the recipe's barrier) while rank 0 evaluates.
+            result = result.to(self.ctx.device)
+            dist.broadcast(result, src=0)
+        return float(result[0])
+
+
+def _peak_mem_mb(ctx: RankContext) -> float:
+    """Sum over ranks of each rank's peak resident memory (shared pages count in every rank)."""
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    total = torch.tensor([kb / 1024.0], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(total)
+    return float(total[0])
+
+
+def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir: str,
+                 run_info: Optional[dict] = None) -> None:
+    """The rank function: trains, evaluates and (rank 0) writes the run's outputs."""
+    wall_start = time.perf_counter()
+    out = Path(out_dir)
+    sampler = resolve_sampler(cfg.sampler)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = GraphSAGE(graph.num_features, cfg.hidden, graph.num_classes, cfg.num_layers,
+                      cfg.dropout).to(ctx.device)
+    ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
+                                  else None)
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+
+    batch_sampler = EpochBatchSampler(graph.train_idx.numel(), seed=cfg.seed, rank=ctx.rank,
+                                      world_size=ctx.world_size, batch_size=cfg.batch_size)
+    train_loader = make_loader(graph, graph.train_idx, fanout=cfg.fanout, sampler=sampler,
+                               seed=cfg.seed * 1009 + ctx.rank, batch_size=cfg.batch_size,
+                               num_workers=cfg.num_workers, batch_sampler=batch_sampler)
+    evaluator = Evaluator(graph, cfg, ctx, sampler)
+    timer = StageTimer(ctx.device, sync=cfg.profile)
+
+    history: list[dict] = []
+    best = {"val_acc": -1.0, "epoch": 0}
+    best_state = copy.deepcopy(model.state_dict())
+    for epoch in range(1, cfg.epochs + 1):
+        batch_sampler.set_epoch(epoch)
+        timer.seconds.clear()
+        start = time.perf_counter()
+        train_loss, train_acc = train_epoch(ddp, optimizer, train_loader, ctx,
+                                            graph.num_classes, timer, epoch)
+        epoch_time = time.perf_counter() - start
+        val_acc, eval_time = None, 0.0
+        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+            start = time.perf_counter()
+            val_acc = evaluator.accuracy(model, graph.val_idx)
+            eval_time = time.perf_counter() - start
+            if val_acc > best["val_acc"]:
+                best = {"val_acc": val_acc, "epoch": epoch}
+                best_state = copy.deepcopy(model.state_dict())
+                if ctx.is_main:
+                    save_torch(best_state, out / "best.pt")
+        record = {"epoch": epoch, "train_loss": train_loss, "train_acc": train_acc,
+                  "val_acc": val_acc, "epoch_time_s": epoch_time, "eval_time_s": eval_time,
+                  "stage_times_s": dict(timer.seconds)}
+        history.append(record)
+        if ctx.is_main:
+            val = "-" if val_acc is None else f"{val_acc:.4f}"
+            tqdm.write(f"epoch {epoch:3d} | loss {train_loss:.4f} | train acc {train_acc:.4f} | "
+                       f"val acc {val} | {epoch_time:.2f}s train, {eval_time:.2f}s eval")
+            if cfg.profile:
+                stages = ", ".join(f"{k} {v:.2f}s" for k, v in timer.seconds.items())
+                tqdm.write(f"          stages (rank 0): {stages}")
+
+    model.load_state_dict(best_state)
+    test_acc = evaluator.accuracy(model, graph.test_idx)
+    peak_mem_mb = _peak_mem_mb(ctx)
+    if ctx.is_main:
+        metrics = {
+            **(run_info or {}),
+            "dataset": graph.name,
+            "num_nodes": graph.num_nodes,
+            "num_edges": graph.num_edges,
+            "dataset_bytes": graph.nbytes(),
+            "world_size": ctx.world_size,
+            "device": ctx.device.type,
+            "backend": ctx.backend,
+            "sampler": sampler,
+            "threads_per_rank": torch.get_num_threads(),
+            "config": cfg.to_dict(),
+            "epochs": history,
+            "best_val_acc": best["val_acc"],
+            "best_epoch": best["epoch"],
+            "test_acc": test_acc,
+            "mean_epoch_time_s": sum(r["epoch_time_s"] for r in history) / len(history),
+            "peak_mem_mb": peak_mem_mb,
+            "wall_time_s": time.perf_counter() - wall_start,
+        }
+        write_outputs(metrics, out)
+        tqdm.write(f"best val acc {best['val_acc']:.4f} (epoch {best['epoch']}) | "
+                   f"test acc {test_acc:.4f} | outputs in {out}")
+
+
+def write_outputs(metrics: dict, out: Path) -> None:
+    save_json(metrics, out / "metrics.json")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(metrics["epochs"])
+    save_text(buf.getvalue(), out / "history.csv")
