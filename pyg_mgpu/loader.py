@@ -77,8 +77,11 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
     # The empty edge_index is a slot: PyG fills it with each batch's sampled (row, col).
     data = Data(x=graph.x, y=graph.y, edge_index=torch.empty(2, 0, dtype=torch.long),
                 num_nodes=graph.num_nodes)
+    # Its own generator: iterating a DataLoader draws a seed, and drawing it from the global RNG
+    # would shift the dropout stream of whichever rank happens to evaluate.
     loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
-                             filter_per_worker=num_workers > 0)
+                             filter_per_worker=num_workers > 0,
+                             generator=torch.Generator().manual_seed(seed))
     if batch_sampler is not None:
         loader_args["batch_sampler"] = batch_sampler
     else:

@@ -156,6 +156,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+    torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
 
     batch_sampler = EpochBatchSampler(graph.train_idx.numel(), seed=cfg.seed, rank=ctx.rank,
                                       world_size=ctx.world_size, batch_size=cfg.batch_size)

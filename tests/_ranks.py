@@ -1,0 +1,51 @@
+"""Rank functions for the multi-process tests (module level, so spawned ranks can import them)."""
+import torch
+import torch.distributed as dist
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from pyg_mgpu.loader import EpochBatchSampler, make_loader
+
+
+def write_into_shared_graph(ctx, graph, result):
+    assert graph.is_shared(), "rank received a private copy of the graph"
+    graph.x[ctx.rank, 0] = 100.0 + ctx.rank  # the parent must see this write
+    result[ctx.rank] = 1
+
+
+def record_epoch_seeds(ctx, graph, seeds_out, steps_out, epochs, batch_size):
+    batches = EpochBatchSampler(graph.train_idx.numel(), seed=3, rank=ctx.rank,
+                                world_size=ctx.world_size, batch_size=batch_size)
+    loader = make_loader(graph, graph.train_idx, fanout=[3, 2], sampler="native", seed=ctx.rank,
+                         batch_size=batch_size, batch_sampler=batches)
+    for epoch in range(epochs):
+        batches.set_epoch(epoch)
+        steps = 0
+        for batch in loader:
+            seeds = batch.n_id[:batch.batch_size]
+            # Mark each seed in this epoch's shared tally; collisions would count 2.
+            seeds_out[epoch].index_add_(0, seeds, torch.ones_like(seeds))
+            steps += 1
+        steps_out[epoch, ctx.rank] = steps
+    dist.barrier()
+
+
+def reduce_metrics(ctx, result):
+    # Rank 0 sees 3 samples (all right), rank 1 sees 1 sample (wrong): global accuracy is 3/4,
+    # not the 1/2 that averaging per-rank ratios would give. Losses likewise weighted 3:1.
+    if ctx.rank == 0:
+        preds, target, loss = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]), 1.0
+    else:
+        preds, target, loss = torch.tensor([0]), torch.tensor([1]), 5.0
+    acc = MulticlassAccuracy(3, average="micro", sync_on_compute=True)
+    acc.update(preds, target)
+    mean_loss = MeanMetric(sync_on_compute=True)
+    mean_loss.update(torch.tensor(loss), weight=target.numel())
+    result[ctx.rank, 0] = acc.compute()
+    result[ctx.rank, 1] = mean_loss.compute()
+
+
+def fail_on_rank_one(ctx):
+    if ctx.rank == 1:
+        raise RuntimeError("boom from the test")
+    dist.barrier()  # rank 0 would wait here forever if the failure did not end the job

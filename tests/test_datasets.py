@@ -1,0 +1,320 @@
+"""Tests of load_dataset: every source becomes a validated GraphStore, and every failure a
+DatasetError that says what to do, quickly and without reading stdin."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from pyg_mgpu.data import (DATASETS, DatasetError, GraphStore, SyntheticSpec, load_dataset,
+                           make_synthetic)
+from pyg_mgpu.data.datasets import CACHE_ENV
+
+SMALL = SyntheticSpec(num_nodes=300, num_edges=3_000, num_features=8, num_classes=4)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Mirrors of read-only folders go to a temporary cache, never to ~/.cache."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes every download fail at once, whatever network the machine has."""
+    def no_network(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "network disabled by the test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+
+
+@pytest.fixture
+def no_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails the test if anything reads stdin (a prompt would hang a real run)."""
+    class NoStdin:
+        def read(self, *args):
+            raise AssertionError("stdin was read")
+
+        readline = read
+
+    monkeypatch.setattr("sys.stdin", NoStdin())
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``folder`` with its size and modification time."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for entry in dirnames + filenames:
+            st = os.stat(os.path.join(dirpath, entry))
+            out[os.path.relpath(os.path.join(dirpath, entry), folder)] = (st.st_size,
+                                                                           st.st_mtime_ns)
+    return out
+
+
+def make_read_only(folder: Path) -> None:
+    for dirpath, _, filenames in os.walk(folder):
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o444)
+        os.chmod(dirpath, 0o555)
+
+
+def make_writable(folder: Path) -> None:
+    for dirpath, _, _ in os.walk(folder):
+        os.chmod(dirpath, 0o755)
+
+
+def edge_set(edge_index: torch.Tensor) -> set[tuple[int, int]]:
+    return set(map(tuple, edge_index.t().tolist()))
+
+
+# Synthetic.
+
+def test_synthetic_is_deterministic_from_seed():
+    a = load_dataset("synthetic", seed=3, synthetic=SMALL)
+    b = load_dataset("synthetic", seed=3, synthetic=SMALL)
+    c = load_dataset("synthetic", seed=4, synthetic=SMALL)
+    for key, t in a.tensors().items():
+        assert torch.equal(t, b.tensors()[key]), key
+    assert not torch.equal(a.x, c.x)
+    assert not torch.equal(a.row, c.row)
+    assert torch.equal(a.x, make_synthetic(SMALL, 3).x)
+
+
+def test_synthetic_splits_labels_and_csc():
+    g = load_dataset("synthetic", seed=0, synthetic=SMALL)
+    splits = torch.cat([g.train_idx, g.val_idx, g.test_idx])
+    assert splits.unique().numel() == splits.numel()
+    assert int(g.y.min()) >= 0 and int(g.y.max()) < g.num_classes == SMALL.num_classes
+    assert g.num_nodes == SMALL.num_nodes and g.num_edges == SMALL.num_edges
+    assert int(g.colptr[0]) == 0 and int(g.colptr[-1]) == g.num_edges
+    assert bool((g.in_degree() >= 0).all())
+    again = GraphStore.from_edge_index("again", g.edge_index(), g.x, g.y, g.train_idx,
+                                       g.val_idx, g.test_idx, g.num_classes)
+    assert torch.equal(again.colptr, g.colptr) and torch.equal(again.row, g.row)
+
+
+# Planetoid, from the shared offline copy.
+
+@pytest.fixture
+def planetoid_root(shared_data: Path, tmp_path: Path) -> Path:
+    folder = shared_data / "planetoid"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is absent")
+    if os.access(folder, os.W_OK) and folder.stat().st_mode & 0o222:
+        # A writable copy would get processed/ written into it: load a private copy instead.
+        return Path(shutil.copytree(folder, tmp_path / "planetoid"))
+    return folder
+
+
+@pytest.mark.parametrize("name, nodes, classes, splits", [
+    ("cora", 2708, 7, (140, 500, 1000)),
+    ("citeseer", 3327, 6, (120, 500, 1000)),
+])
+def test_planetoid_public_split(planetoid_root, cache, name, nodes, classes, splits):
+    before = snapshot(planetoid_root)
+    g = load_dataset(name, planetoid_root)
+    assert g.name == name
+    assert g.num_nodes == nodes and g.num_classes == classes
+    assert (g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel()) == splits
+    assert snapshot(planetoid_root) == before, "the data folder was written to"
+
+
+# Reddit, from tiny files in its raw format (what torch_geometric's Reddit.process reads).
+
+def write_reddit(root: Path, n: int = 12) -> dict[str, np.ndarray]:
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    data = {
+        "feature": np.arange(n * 5, dtype=np.float32).reshape(n, 5),
+        "label": np.arange(n) % 3,
+        "node_types": np.array([1] * 6 + [2] * 3 + [3] * 3),
+    }
+    np.savez(raw / "reddit_data.npz", **data)
+    src = np.arange(n)
+    row, col = np.concatenate([src, (src + 1) % n]), np.concatenate([(src + 1) % n, src])
+    adj = sp.coo_matrix((np.ones(2 * n), (row, col)), shape=(n, n))
+    sp.save_npz(raw / "reddit_graph.npz", adj)
+    data["edges"] = np.stack([row, col])
+    return data
+
+
+def test_reddit_from_raw_files(tmp_path):
+    data = write_reddit(tmp_path / "reddit")
+    g = load_dataset("reddit", tmp_path / "reddit")
+    assert g.num_nodes == 12 and g.num_edges == 24 and g.num_classes == 3
+    assert torch.equal(g.x, torch.from_numpy(data["feature"]))
+    assert torch.equal(g.y, torch.from_numpy(data["label"]))
+    assert g.train_idx.tolist() == list(range(6))
+    assert g.val_idx.tolist() == [6, 7, 8] and g.test_idx.tolist() == [9, 10, 11]
+    assert edge_set(g.edge_index()) == edge_set(torch.from_numpy(data["edges"]))
+
+
+def test_read_only_root_is_mirrored_into_cache(tmp_path, cache):
+    root = tmp_path / "reddit"
+    write_reddit(root)
+    make_read_only(root)
+    before = snapshot(root)
+    try:
+        first = load_dataset("reddit", root)
+        second = load_dataset("reddit", root)  # now from the processed files in the cache
+    finally:
+        make_writable(root)
+    assert snapshot(root) == before, "the read-only folder was written to"
+    assert list(cache.glob("*/processed/data.pt"))
+    assert torch.equal(first.row, second.row) and first.num_nodes == 12
+
+
+# OGB, from tiny files in its raw format (ogb/io/read_graph_raw.py, ogb/nodeproppred/dataset.py).
+
+def write_ogbn_arxiv(root: Path, release: bool) -> dict[str, np.ndarray]:
+    folder = root / "ogbn_arxiv"
+    (folder / "raw").mkdir(parents=True)
+    (folder / "split" / "time").mkdir(parents=True)
+    n = 10
+    edges = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0],
+                      [1, 2, 3, 4, 5, 6, 7, 8, 9, 5]])
+    data = {"edges": edges, "x": np.arange(n * 3).reshape(n, 3) / 4, "y": np.arange(n) % 4,
+            "train": np.arange(5), "valid": np.array([5, 6]), "test": np.array([7, 8, 9])}
+
+    def save(path: str, values, fmt: str = "%d") -> None:
+        np.savetxt(folder / path, values, fmt=fmt, delimiter=",")
+
+    save("raw/edge.csv.gz", edges.T)
+    save("raw/node-feat.csv.gz", data["x"], fmt="%.2f")
+    save("raw/node-label.csv.gz", data["y"])
+    save("raw/node_year.csv.gz", 2000 + np.arange(n))
+    save("raw/num-node-list.csv.gz", [n])
+    save("raw/num-edge-list.csv.gz", [edges.shape[1]])
+    for split in ("train", "valid", "test"):
+        save(f"split/time/{split}.csv.gz", data[split])
+    if release:
+        (folder / "RELEASE_v1.txt").write_text("")  # without it OGB asks to update on stdin
+    return data
+
+
+@pytest.mark.parametrize("release", [True, False], ids=["released", "outdated"])
+def test_ogbn_arxiv_from_raw_files(tmp_path, offline, no_stdin, release):
+    data = write_ogbn_arxiv(tmp_path, release)
+    for _ in range(2):  # the second load reads OGB's processed/ cache
+        g = load_dataset("ogbn-arxiv", tmp_path)
+        assert g.num_nodes == 10 and g.num_classes == 40
+        assert g.num_edges == 2 * data["edges"].shape[1], "reverse edges were not added"
+        edges = torch.from_numpy(data["edges"])
+        assert edge_set(g.edge_index()) == edge_set(torch.cat([edges, edges.flip(0)], 1))
+        assert torch.equal(g.x, torch.from_numpy(data["x"]).float())
+        assert torch.equal(g.y, torch.from_numpy(data["y"]))
+        assert g.train_idx.tolist() == data["train"].tolist()
+        assert g.val_idx.tolist() == data["valid"].tolist()
+        assert g.test_idx.tolist() == data["test"].tolist()
+    assert (tmp_path / "ogbn_arxiv" / "raw" / "edge.csv.gz").exists(), "OGB deleted the data"
+
+
+# Missing files, offline.
+
+@pytest.mark.parametrize("name, expected", [
+    ("reddit", "raw/reddit_data.npz"),
+    ("ogbn-arxiv", "ogbn_arxiv/raw/edge.csv.gz"),
+    ("pubmed", "PubMed/raw/ind.pubmed.x"),
+])
+def test_missing_dataset_fails_fast_offline(tmp_path, offline, no_stdin, name, expected):
+    start = time.monotonic()
+    with pytest.raises(DatasetError) as info:
+        load_dataset(name, tmp_path / "empty")
+    assert time.monotonic() - start < 20
+    message = str(info.value)
+    assert "--root" in message and expected in message and "download" in message
+    assert str((tmp_path / "empty").absolute()) in message
+
+
+def test_missing_dataset_in_read_only_folder_downloads_nothing(tmp_path, no_stdin):
+    root = tmp_path / "ro"
+    root.mkdir()
+    os.chmod(root, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        with pytest.raises(DatasetError, match="read-only.*--root"):
+            load_dataset("reddit", root)
+        assert not any(root.iterdir())
+    finally:
+        os.chmod(root, 0o755)
+
+
+def test_unknown_name_lists_the_accepted_names():
+    with pytest.raises(DatasetError) as info:
+        load_dataset("imagenet")
+    for name in DATASETS:
+        assert name in str(info.value)
+    assert ".npz" in str(info.value)
+
+
+# The neutral .npz format.
+
+def test_npz_round_trip(tmp_path):
+    g = make_synthetic(SMALL, seed=1)
+    path = g.save_npz(tmp_path / "graph.npz")
+    back = load_dataset(str(path))
+    assert back.name == "graph" and back.num_classes == g.num_classes
+    for key, t in g.tensors().items():
+        assert torch.equal(t, back.tensors()[key]), key
+
+
+def good_arrays() -> dict[str, np.ndarray]:
+    return {
+        "edge_index": np.array([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]]),
+        "x": np.arange(12, dtype=np.float32).reshape(6, 2),
+        "y": np.array([0, 1, 0, 1, 0, 1]),
+        "train_idx": np.array([0, 1]),
+        "val_idx": np.array([2, 3]),
+        "test_idx": np.array([4, 5]),
+        "num_classes": np.int64(2),
+    }
+
+
+NAN_X = np.arange(12, dtype=np.float32).reshape(6, 2)
+NAN_X[3, 1] = np.nan
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"y": None}, "missing key(s) y"),
+    ({"x": np.zeros(6, np.float32)}, "features x must be"),
+    ({"y": np.array([0, 1, 0, 1, 0, 2])}, "out of range for 2 classes"),
+    ({"x": NAN_X}, "NaN"),
+    ({"val_idx": np.array([], dtype=np.int64)}, "val_idx is empty"),
+    ({"test_idx": np.array([4, 0])}, "overlaps"),
+    ({"test_idx": np.array([4, 6])}, "outside [0, 6)"),
+    ({"edge_index": np.array([[0, 1], [1, 9]])}, "edge_index holds node ids outside"),
+    ({"train_idx": np.array([0.0, 1.0])}, "train_idx must hold integer node ids"),
+    ({"num_classes": np.array([2, 2])}, "num_classes must be one integer"),
+], ids=["missing-key", "x-shape", "label-range", "nan-feature", "empty-split", "overlap",
+        "split-range", "edge-range", "float-index", "num-classes"])
+def test_bad_npz_is_rejected(tmp_path, change, problem):
+    arrays = {**good_arrays(), **change}
+    path = tmp_path / "bad.npz"
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    with pytest.raises(DatasetError) as info:
+        load_dataset(str(path))
+    assert str(path) in str(info.value) and problem in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "absent"])
+def test_unreadable_npz_is_rejected(tmp_path, damage):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **good_arrays())
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif damage == "garbage":
+        path.write_bytes(b"not an npz file at all")
+    else:
+        path.unlink()
+    with pytest.raises(DatasetError) as info:
+        load_dataset(str(path))
+    assert str(path) in str(info.value) and "must contain" in str(info.value)

@@ -1,0 +1,64 @@
+"""2-rank gloo tests on CPU: shared memory, global sharding invariants, reductions, failures."""
+import time
+
+import pytest
+import torch
+
+from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.distributed import RankFailed, launch_local, resolve_devices
+
+import _ranks
+
+CPU2 = [torch.device("cpu")] * 2
+pytestmark = pytest.mark.slow
+
+
+def small_graph(num_nodes=600):
+    return make_synthetic(SyntheticSpec(num_nodes=num_nodes, num_edges=6000, num_features=4),
+                          seed=0).share_memory_()
+
+
+def test_ranks_map_the_parents_storage():
+    graph = small_graph()
+    result = torch.zeros(2).share_memory_()
+    launch_local(_ranks.write_into_shared_graph, CPU2, args=(graph, result))
+    assert result.tolist() == [1, 1]
+    assert graph.x[0, 0] == 100.0 and graph.x[1, 0] == 101.0
+
+
+def test_every_training_node_once_per_epoch_and_equal_steps():
+    graph = small_graph(num_nodes=1001)  # 500 training nodes: shards of 250, batch 64
+    epochs = 2
+    seen = torch.zeros(epochs, graph.num_nodes, dtype=torch.long).share_memory_()
+    steps = torch.zeros(epochs, 2, dtype=torch.long).share_memory_()
+    launch_local(_ranks.record_epoch_seeds, CPU2, args=(graph, seen, steps, epochs, 64))
+    expected = torch.zeros(graph.num_nodes, dtype=torch.long)
+    expected[graph.train_idx] = 1
+    for epoch in range(epochs):
+        assert torch.equal(seen[epoch], expected), "a training node was missed or seen twice"
+        assert steps[epoch, 0] == steps[epoch, 1] == 4
+
+
+def test_metrics_reduce_sums_and_counts_exactly():
+    result = torch.zeros(2, 2, dtype=torch.float64).share_memory_()
+    launch_local(_ranks.reduce_metrics, CPU2, args=(result,))
+    for rank in range(2):
+        assert result[rank, 0].item() == pytest.approx(0.75)
+        assert result[rank, 1].item() == pytest.approx((3 * 1.0 + 1 * 5.0) / 4)
+
+
+def test_failed_rank_ends_the_job_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as err:
+        launch_local(_ranks.fail_on_rank_one, CPU2, timeout_s=120)
+    assert "rank 1" in str(err.value) and "boom from the test" in str(err.value)
+    assert time.monotonic() - start < 60
+
+
+def test_device_resolution_errors_are_actionable():
+    assert resolve_devices("cpu", 3) == [torch.device("cpu")] * 3
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA sees none"):
+            resolve_devices("cuda:0,1", None)
+    with pytest.raises(ValueError, match="--devices"):
+        resolve_devices("tpu", None)

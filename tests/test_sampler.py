@@ -1,0 +1,158 @@
+"""The native sampler returns true neighbours, uniformly, without replacement, in PyG's order."""
+import itertools
+import pickle
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from torch_geometric.loader import NodeLoader
+
+from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.loader import make_loader
+from pyg_mgpu.sampler import NativeNeighborSampler
+
+
+@pytest.fixture(scope="module")
+def graph():
+    # Multi-edges removed so that "distinct edge" and "distinct neighbour" mean the same.
+    g = make_synthetic(SyntheticSpec(num_nodes=3000, num_edges=60_000), seed=1)
+    ei = torch.unique(g.edge_index(), dim=1)
+    return GraphStore.from_edge_index("dedup", ei, g.x, g.y, g.train_idx, g.val_idx, g.test_idx)
+
+
+def check_output(graph, out, seeds, fanouts):
+    node, row, col, edge = out.node, out.row, out.col, out.edge
+    n_seeds = seeds.numel()
+    assert torch.equal(node[:n_seeds], seeds), "seeds must come first, in input order"
+    assert node.unique().numel() == node.numel(), "a node appears twice in the output"
+    assert sum(out.num_sampled_nodes) == node.numel()
+    assert sum(out.num_sampled_edges) == row.numel() == col.numel() == edge.numel()
+    # Every sampled edge is a real in-edge of its destination, and `edge` names it.
+    src, dst = node[row], node[col]
+    assert torch.equal(graph.row[edge], src)
+    assert ((edge >= graph.colptr[dst]) & (edge < graph.colptr[dst + 1])).all()
+    deg = graph.in_degree()
+    node_start = 0
+    edge_start = 0
+    for hop, fanout in enumerate(fanouts):
+        n_front = out.num_sampled_nodes[hop]
+        n_edges = out.num_sampled_edges[hop]
+        hop_col = col[edge_start:edge_start + n_edges]
+        hop_row = row[edge_start:edge_start + n_edges]
+        hop_edge = edge[edge_start:edge_start + n_edges]
+        # Destinations of hop h are exactly the nodes first reached at hop h - 1 ...
+        assert ((hop_col >= node_start) & (hop_col < node_start + n_front)).all()
+        assert (hop_col[1:] >= hop_col[:-1]).all(), "edges are grouped by destination"
+        # ... and sources are known by the end of hop h.
+        assert (hop_row < node_start + n_front + out.num_sampled_nodes[hop + 1]).all()
+        frontier = node[node_start:node_start + n_front]
+        counts = torch.bincount(hop_col - node_start, minlength=n_front)
+        expected = deg[frontier] if fanout < 0 else deg[frontier].clamp(max=fanout)
+        assert torch.equal(counts, expected), "degree <= fanout keeps all, else exactly fanout"
+        pairs = hop_col * graph.num_edges + hop_edge
+        assert pairs.unique().numel() == pairs.numel(), "an edge was drawn twice for one node"
+        node_start += n_front
+        edge_start += n_edges
+
+
+@pytest.mark.parametrize("fanouts", [[5], [10, 5], [3, 3, 3], [-1, 4], [1000]])
+def test_outputs_are_true_neighbours_in_pyg_order(graph, fanouts):
+    sampler = NativeNeighborSampler(graph.colptr, graph.row, fanouts, seed=0)
+    for trial in range(3):
+        seeds = torch.randperm(graph.num_nodes)[:200]
+        check_output(graph, sampler.sample(seeds), seeds, fanouts)
+
+
+def test_lookup_is_left_clean_between_batches(graph):
+    sampler = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=0)
+    sampler.sample(torch.arange(100))
+    assert (sampler._lookup == -1).all()
+
+
+def test_uniform_without_replacement():
+    # 4000 destination nodes share the same 10 in-neighbours; each draws 3 of them.
+    num_dst, deg, fanout = 4000, 10, 3
+    dst = torch.arange(deg, deg + num_dst).repeat_interleave(deg)
+    src = torch.arange(deg).repeat(num_dst)
+    n = deg + num_dst
+    g = GraphStore.from_edge_index("star", torch.stack([src, dst]), torch.zeros(n, 1),
+                                   torch.zeros(n, dtype=torch.long), torch.tensor([0]),
+                                   torch.tensor([1]), torch.tensor([2]))
+    sampler = NativeNeighborSampler(g.colptr, g.row, [fanout], seed=123)
+    subsets = []
+    for _ in range(5):
+        out = sampler.sample(torch.arange(deg, n))
+        picked = out.node[out.row].view(num_dst, fanout).sort(dim=1).values
+        assert (picked[:, 1:] > picked[:, :-1]).all(), "a neighbour was drawn twice"
+        subsets.append(picked)
+    subsets = torch.cat(subsets)
+    # Marginals: each neighbour is picked with probability 3/10.
+    per_neighbour = torch.bincount(subsets.view(-1), minlength=deg).double()
+    assert chisquare(per_neighbour.numpy()).pvalue > 1e-3
+    # Joint: each of the C(10, 3) = 120 subsets is equally likely.
+    index = {s: i for i, s in enumerate(itertools.combinations(range(deg), fanout))}
+    codes = torch.tensor([index[tuple(s)] for s in subsets.tolist()])
+    per_subset = torch.bincount(codes, minlength=len(index)).double()
+    assert (per_subset > 0).all()
+    assert chisquare(per_subset.numpy()).pvalue > 1e-3
+
+
+def test_large_degree_stays_uniform():
+    # A hub with 100k in-neighbours: draws must reach the whole range, not just its start.
+    deg = 100_000
+    src = torch.arange(1, deg + 1)
+    dst = torch.zeros(deg, dtype=torch.long)
+    n = deg + 1
+    g = GraphStore.from_edge_index("hub", torch.stack([src, dst]), torch.zeros(n, 1),
+                                   torch.zeros(n, dtype=torch.long), torch.tensor([0]),
+                                   torch.tensor([1]), torch.tensor([2]))
+    sampler = NativeNeighborSampler(g.colptr, g.row, [25], seed=0)
+    draws = torch.cat([sampler.sample(torch.tensor([0])).node[1:] for _ in range(400)])
+    deciles = torch.bincount((draws - 1) * 10 // deg, minlength=10).double()
+    assert chisquare(deciles.numpy()).pvalue > 1e-3
+
+
+def test_same_seed_same_sample(graph):
+    seeds = torch.arange(50)
+    a = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=7).sample(seeds)
+    b = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=7).sample(seeds)
+    assert torch.equal(a.node, b.node) and torch.equal(a.row, b.row)
+
+
+def test_pickles_for_workers_without_scratch(graph):
+    sampler = NativeNeighborSampler(graph.colptr, graph.row, [5], seed=0)
+    sampler.sample(torch.arange(10))
+    clone = pickle.loads(pickle.dumps(sampler))
+    assert clone._lookup is None
+    assert torch.equal(clone.sample(torch.arange(10)).node, sampler.sample(torch.arange(10)).node)
+
+
+def test_plugs_into_pyg_node_loader(graph):
+    loader = make_loader(graph, graph.train_idx[:300], fanout=[5, 3], sampler="native", seed=0,
+                         batch_size=128)
+    assert isinstance(loader, NodeLoader)
+    batches = list(loader)
+    assert [b.batch_size for b in batches] == [128, 128, 44]
+    for b in batches:
+        assert torch.equal(b.x, graph.x[b.n_id]) and torch.equal(b.y, graph.y[b.n_id])
+        assert b.edge_index.size(1) == sum(b.num_sampled_edges)
+    assert torch.equal(torch.cat([b.n_id[:b.batch_size] for b in batches]), graph.train_idx[:300])
+
+
+def test_rejects_bad_fanout(graph):
+    with pytest.raises(ValueError, match="fanouts"):
+        NativeNeighborSampler(graph.colptr, graph.row, [5, 0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_runs_on_cuda_tensors(graph):
+    sampler = NativeNeighborSampler(graph.colptr.cuda(), graph.row.cuda(), [10, 5], seed=0)
+    seeds = torch.randperm(graph.num_nodes)[:300]
+    out = sampler.sample(seeds.cuda())
+    assert out.node.is_cuda
+    out_cpu = type(out)(node=out.node.cpu(), row=out.row.cpu(), col=out.col.cpu(),
+                        edge=out.edge.cpu(), num_sampled_nodes=out.num_sampled_nodes,
+                        num_sampled_edges=out.num_sampled_edges)
+    check_output(graph, out_cpu, seeds, [10, 5])
