@@ -79,8 +79,6 @@ def make_out_dir(out: Optional[str]) -> Path:
 
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
-    import torch
-
     from .data.datasets import load_dataset
     from .data.synthetic import SyntheticSpec
     from .distributed import launch_local, launched_by_torchrun, resolve_devices
@@ -104,11 +102,26 @@ def run(cfg: TrainConfig) -> Path:
     print(f"{graph.summary()} | loaded in {load_s:.1f}s | {len(devices)} rank(s) on "
           f"{devices[0].type} | threads/rank {max(1, (os.cpu_count() or 1) // len(devices))}",
           flush=True)
+    release_free_heap()
     from .trainer import run_training
     launch_local(run_training, devices, args=(graph, cfg, str(out), {"load_time_s": load_s}),
                  timeout_s=cfg.timeout_s)
-    del torch
+    from .report import plot_run
+    plot_run(out)
     return out
+
+
+def release_free_heap() -> None:
+    """Hands the loading temporaries' freed heap back to the OS (glibc keeps it otherwise),
+    so the parent holds little more than the shared graph while the ranks train."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,146 @@
+"""Tests for pyg_mgpu.memory: the PSS reader, and peaks measured on small python children."""
+import json
+import mmap
+import os
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from pyg_mgpu import memory
+from pyg_mgpu.memory import MB, main, read_pss, run_dir_of, tree_pss
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PSS is Linux-only")
+
+# Python's own PSS, and the slack for page-table and allocator overhead around an allocation.
+INTERPRETER_MB = 40
+
+
+def test_pss_of_this_process_is_positive_and_at_most_rss():
+    pss = read_pss(os.getpid())["pss"]
+    assert 1 * MB < pss <= psutil.Process().memory_info().rss
+
+
+def test_shared_memory_shows_up_under_shmem():
+    before = read_pss(os.getpid())
+    if "shmem" not in before:
+        pytest.skip("this kernel's smaps_rollup has no Pss_Shmem line (Linux < 5.9)")
+    shared = mmap.mmap(-1, 64 * MB)  # MAP_SHARED anonymous memory is shmem
+    for _ in range(64):
+        shared.write(b"x" * MB)
+    grown = read_pss(os.getpid())["shmem"] - before["shmem"]
+    shared.close()
+    assert 63 * MB <= grown <= 65 * MB
+
+
+def test_pss_falls_back_to_psutil_without_smaps_rollup(monkeypatch):
+    real_open = open
+
+    def no_rollup(path, *args, **kwargs):
+        if str(path).endswith("smaps_rollup"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", no_rollup)
+    assert read_pss(os.getpid()) == {"pss": pytest.approx(
+        psutil.Process().memory_full_info().pss, rel=0.2)}
+
+
+def test_pss_of_a_missing_process_is_none():
+    assert read_pss(2 ** 22 + 1) is None  # above the kernel's pid_max limit
+    assert tree_pss(2 ** 22 + 1) == {}
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["train", "--out", "runs/a", "--epochs", "2"], "runs/a"),
+    (["train", "--out=runs/b"], "runs/b"),
+    (["train", "--epochs", "2"], None),
+])
+def test_run_dir_of(command, expected):
+    found = run_dir_of(command)
+    assert (str(found) if found else None) == expected
+
+
+def run_memory(tmp_path, script: str, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "memory.json"
+    code = main(["--interval", "0.05", "--out", str(out), "--",
+                 sys.executable, "-c", textwrap.dedent(script), *args])
+    return code, json.loads(out.read_text())
+
+
+# Writes the bytes it holds (touched, so resident) as a run's metrics.json, like the trainer.
+ALLOCATE = """
+    import json, os, sys, time
+    block = b"x" * (200 << 20)
+    os.makedirs(sys.argv[2], exist_ok=True)
+    with open(os.path.join(sys.argv[2], "metrics.json"), "w") as f:
+        json.dump({"dataset_bytes": len(block)}, f)
+    time.sleep(0.5)
+    sys.exit(3)
+"""
+
+
+def test_peak_of_a_200mb_child_its_exit_code_and_dataset_ratio(tmp_path):
+    code, report = run_memory(tmp_path, ALLOCATE, "--out", str(tmp_path / "run"))
+    assert code == 3 and report["exit_code"] == 3
+    assert 200 <= report["peak_total_pss_mb"] < 200 + INTERPRETER_MB
+    assert report["num_processes"] == 1
+    assert report["processes"][0]["peak_pss_mb"] == pytest.approx(report["peak_total_pss_mb"])
+    assert report["dataset_bytes"] == 200 * MB
+    assert 1.0 <= report["peak_total_pss_per_dataset"] < 1.2
+    if "anon_mb" in report["split_at_total_peak"]:
+        assert report["split_at_total_peak"]["anon_mb"] >= 200  # a private copy
+
+
+# A parent touches 200 MB and forks two children that keep it (copy-on-write, so the pages stay
+# shared): the RSS of each of the three is ~200 MB, but their PSS adds up to one copy. (Forked
+# private pages rather than shared memory because fork copies their page tables at once: a child
+# faulting shared pages in during a sample would make the sample, read process by process,
+# briefly count those pages twice.)
+SHARED = """
+    import os, time
+    block = b"x" * (200 << 20)
+    pids = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(0.6)
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+"""
+
+
+def test_shared_pages_are_counted_once_over_descendants(tmp_path):
+    code, report = run_memory(tmp_path, SHARED)
+    assert code == 0
+    assert report["num_processes"] == 3
+    assert 200 <= report["peak_total_pss_mb"] < 200 + INTERPRETER_MB
+    parent, *children = report["processes"]
+    assert all(child["peak_pss_mb"] < 120 for child in children), children
+    assert report["dataset_bytes"] is None and report["peak_total_pss_per_dataset"] is None
+
+
+def test_stale_metrics_from_an_earlier_run_are_ignored(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text('{"dataset_bytes": 5}')
+    os.utime(run / "metrics.json", (0, 0))
+    assert memory.dataset_bytes_of(run, since=1.0) is None
+    assert memory.dataset_bytes_of(run, since=0.0) == 5
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], "no command to measure"),
+    (["--interval", "0.1", "--"], "no command to measure"),
+    (["--interval", "0", "--", "true"], "--interval must be > 0"),
+    (["--", "/no/such/program"], "cannot run '/no/such/program'"),
+    (["--out", "/no/such/dir/m.json", "--", "true"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, expected):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: ") and expected in err
