@@ -12,6 +12,11 @@ class ConfigError(ValueError):
 EVAL_MODES = ("rank0", "all")
 SAMPLERS = ("auto", "native", "pyg")
 INFERENCE_MODES = ("sampled", "layerwise")
+AMP_MODES = ("none", "bf16")
+# "pyg_mgpu": trimmed layers, CSR aggregation, byte dropout. "pyg": PyG's multi-GPU example as
+# written (every layer on every sampled node, gather/scatter messages, torch dropout), kept as
+# the benchmark baseline.
+RECIPES = ("pyg_mgpu", "pyg")
 
 
 @dataclass
@@ -36,6 +41,8 @@ class TrainConfig:
     sampler: str = "auto"
     num_workers: int = 0
     timeout_s: float = 300.0
+    amp: str = "none"
+    recipe: str = "pyg_mgpu"
     profile: bool = False
     debug: bool = False
     # Size of the embedded synthetic dataset (ignored by the others).
@@ -71,6 +78,11 @@ class TrainConfig:
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}, "
                               f"got {self.sampler!r}.")
+        if self.amp not in AMP_MODES:
+            raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}.")
+        if self.recipe not in RECIPES:
+            raise ConfigError(f"--recipe must be one of {', '.join(RECIPES)}, "
+                              f"got {self.recipe!r}.")
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if not self.timeout_s > 0:

@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DataLoader worker processes per rank for sampling")
     p.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
                    help="seconds a collective may wait for a peer before the job fails")
+    p.add_argument("--amp", choices=["none", "bf16"], default=d.amp,
+                   help="bf16 autocast for the model (CPU with AVX512-BF16/AMX, or GPU)")
+    p.add_argument("--recipe", choices=["pyg_mgpu", "pyg"], default=d.recipe,
+                   help="pyg = PyG's example model as written (untrimmed), the benchmark baseline")
     p.add_argument("--profile", action="store_true", help="print per-stage times per epoch")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     synthetic = p.add_argument_group("synthetic dataset size")

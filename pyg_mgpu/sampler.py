@@ -77,7 +77,7 @@ class NativeNeighborSampler(BaseSampler):
         lookup = self._lookup
 
         nodes = [seeds]
-        lookup[seeds] = torch.arange(seeds.numel(), device=device)
+        lookup.index_copy_(0, seeds, torch.arange(seeds.numel(), device=device))
         num_nodes = seeds.numel()
         frontier, frontier_start = seeds, 0
         rows, cols, edges = [], [], []
@@ -85,11 +85,11 @@ class NativeNeighborSampler(BaseSampler):
         try:
             for fanout in self.fanouts:
                 local_dst, edge_id = self._sample_hop(frontier, fanout)
-                nbr = self.row[edge_id]
+                nbr = self.row.index_select(0, edge_id).long()
                 new_nodes = self._first_occurrences(nbr, lookup)
-                lookup[new_nodes] = torch.arange(num_nodes, num_nodes + new_nodes.numel(),
-                                                 device=device)
-                rows.append(lookup[nbr])
+                lookup.index_copy_(0, new_nodes, torch.arange(
+                    num_nodes, num_nodes + new_nodes.numel(), device=device))
+                rows.append(lookup.index_select(0, nbr))
                 cols.append(local_dst + frontier_start)
                 edges.append(edge_id)
                 nodes.append(new_nodes)
@@ -100,26 +100,29 @@ class NativeNeighborSampler(BaseSampler):
             node = torch.cat(nodes)
         finally:
             # Leave the scratch array clean for the next batch, even after an error.
-            lookup[torch.cat(nodes)] = -1
+            lookup.index_fill_(0, torch.cat(nodes), -1)
         return SamplerOutput(node=node, row=torch.cat(rows), col=torch.cat(cols),
                              edge=torch.cat(edges), num_sampled_nodes=num_sampled_nodes,
                              num_sampled_edges=num_sampled_edges)
 
     def _sample_hop(self, dst: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
         """Returns (position of the destination in ``dst``, CSC edge id) for each sampled edge."""
-        start = self.colptr[dst]
-        deg = self.colptr[dst + 1] - start
+        # index_select, not tensor[index]: the latter took ~2.5x as long on CPU here.
+        start = self.colptr.index_select(0, dst)
+        deg = self.colptr.index_select(0, dst + 1) - start
         count = deg if fanout < 0 else deg.clamp(max=fanout)
         local_dst = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), count)
         # Rank of each output slot within its node: 0, 1, ..., count - 1.
         first_slot = torch.cumsum(count, 0) - count
-        offset = torch.arange(local_dst.numel(), device=dst.device) - first_slot[local_dst]
+        offset = (torch.arange(local_dst.numel(), device=dst.device)
+                  - first_slot.index_select(0, local_dst))
         if fanout > 0:
             big = deg > fanout
             if bool(big.any()):
                 # Big nodes own exactly `fanout` consecutive slots, in node order.
-                offset[big[local_dst]] = self._floyd(deg[big], fanout).view(-1)
-        return local_dst, start[local_dst] + offset
+                slots = big.index_select(0, local_dst)
+                offset.masked_scatter_(slots, self._floyd(deg.masked_select(big), fanout))
+        return local_dst, start.index_select(0, local_dst) + offset
 
     def _floyd(self, deg: Tensor, k: int) -> Tensor:
         """``[len(deg), k]`` distinct uniform offsets in ``[0, deg)`` per row (Floyd, 1987).
@@ -146,7 +149,7 @@ class NativeNeighborSampler(BaseSampler):
         Every candidate writes its position into the lookup; exactly one write per node wins, so
         the positions that read back their own index are one representative per new node.
         """
-        cand = nbr[lookup[nbr] < 0]
+        cand = nbr.masked_select(lookup.index_select(0, nbr) < 0)
         pos = torch.arange(cand.numel(), device=cand.device)
-        lookup[cand] = pos
-        return cand[lookup[cand] == pos]
+        lookup.index_copy_(0, cand, pos)
+        return cand.masked_select(lookup.index_select(0, cand) == pos)

@@ -56,14 +56,21 @@ class StageTimer:
         self._last = now
 
 
-def _forward(model: torch.nn.Module, batch) -> torch.Tensor:
-    out = model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
-    return out[:batch.batch_size]
+def _forward(model: torch.nn.Module, batch, *, trim: bool = True,
+             amp: bool = False) -> torch.Tensor:
+    """Seed logits (float32) of a sampled batch."""
+    with torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=amp):
+        if trim:
+            out = model(batch.x, batch.edge_index, batch.num_sampled_nodes,
+                        batch.num_sampled_edges)
+        else:  # PyG's recipe: every layer on every sampled node
+            out = model(batch.x, batch.edge_index)
+    return out[:batch.batch_size].float()
 
 
 def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
-                ctx: RankContext, num_classes: int, timer: StageTimer,
-                epoch: int) -> tuple[float, float]:
+                ctx: RankContext, num_classes: int, timer: StageTimer, epoch: int,
+                cfg: TrainConfig) -> tuple[float, float]:
     """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks."""
     ddp.train()
     loss_sum = MeanMetric(sync_on_compute=True).to(ctx.device)
@@ -80,7 +87,7 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
             y = batch.y[:batch.batch_size]
             timer.lap("load")
             optimizer.zero_grad(set_to_none=True)
-            out = _forward(ddp, batch)
+            out = _forward(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
             loss = F.cross_entropy(out, y)
             timer.lap("forward")
             loss.backward()  # DDP's gradient all-reduce overlaps this
@@ -94,14 +101,14 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader, device: torch.device, num_classes: int,
-             sync: bool) -> float:
+             sync: bool, amp: bool = False) -> float:
     """Accuracy over every node of ``loader`` (all ranks' shards when ``sync``)."""
     was_training = model.training
     model.eval()
     accuracy = MulticlassAccuracy(num_classes, average="micro", sync_on_compute=sync).to(device)
     for batch in loader:
         batch = batch.to(device, non_blocking=True)
-        accuracy.update(_forward(model, batch), batch.y[:batch.batch_size])
+        accuracy.update(_forward(model, batch, amp=amp), batch.y[:batch.batch_size])
     model.train(was_training)
     return float(accuracy.compute())
 
@@ -128,7 +135,8 @@ class Evaluator:
         result = torch.zeros(1, dtype=torch.float64)
         if self.sharded or self.ctx.is_main:
             result[0] = evaluate(model, self._loader(nodes), self.ctx.device,
-                                 self.graph.num_classes, sync=self.sharded)
+                                 self.graph.num_classes, sync=self.sharded,
+                                 amp=self.cfg.amp == "bf16")
         if not self.sharded:
             # Others wait at the broadcast (the recipe's barrier) while rank 0 evaluates.
             result = result.to(self.ctx.device)
@@ -151,8 +159,9 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     out = Path(out_dir)
     sampler = resolve_sampler(cfg.sampler)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    ours = cfg.recipe == "pyg_mgpu"
     model = GraphSAGE(graph.num_features, cfg.hidden, graph.num_classes, cfg.num_layers,
-                      cfg.dropout).to(ctx.device)
+                      cfg.dropout, sparse_aggregation=ours, fast_dropout=ours).to(ctx.device)
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
@@ -174,7 +183,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
         timer.seconds.clear()
         start = time.perf_counter()
         train_loss, train_acc = train_epoch(ddp, optimizer, train_loader, ctx,
-                                            graph.num_classes, timer, epoch)
+                                            graph.num_classes, timer, epoch, cfg)
         epoch_time = time.perf_counter() - start
         val_acc, eval_time = None, 0.0
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
@@ -212,6 +221,10 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
             "device": ctx.device.type,
             "backend": ctx.backend,
             "sampler": sampler,
+            "recipe": cfg.recipe,
+            "amp": cfg.amp,
+            "steps_per_epoch": len(batch_sampler),
+            "train_nodes": graph.train_idx.numel(),
             "threads_per_rank": torch.get_num_threads(),
             "config": cfg.to_dict(),
             "epochs": history,
@@ -219,12 +232,21 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
             "best_epoch": best["epoch"],
             "test_acc": test_acc,
             "mean_epoch_time_s": sum(r["epoch_time_s"] for r in history) / len(history),
+            "stage_times_s": _total_stage_times(history),
             "peak_mem_mb": peak_mem_mb,
             "wall_time_s": time.perf_counter() - wall_start,
         }
         write_outputs(metrics, out)
         tqdm.write(f"best val acc {best['val_acc']:.4f} (epoch {best['epoch']}) | "
                    f"test acc {test_acc:.4f} | outputs in {out}")
+
+
+def _total_stage_times(history: list[dict]) -> dict:
+    totals: dict = defaultdict(float)
+    for record in history:
+        for stage, seconds in record["stage_times_s"].items():
+            totals[stage] += seconds
+    return dict(totals)
 
 
 def write_outputs(metrics: dict, out: Path) -> None:

@@ -84,3 +84,14 @@ def test_rank0_and_sharded_evaluation_agree(tmp_path):
         assert results["rank0"][key] == results["all"][key]
     assert [e["val_acc"] for e in results["rank0"]["epochs"]] == \
         [e["val_acc"] for e in results["all"]["epochs"]]
+
+
+@pytest.mark.slow
+def test_pyg_recipe_and_bf16_variants_train(tmp_path):
+    for name, extra in (("recipe", ["--recipe", "pyg"]), ("bf16", ["--amp", "bf16"])):
+        out = tmp_path / name
+        assert main(TINY + ["--epochs", "1", "--devices", "cpu", "--nprocs", "2",
+                            "--out", str(out)] + extra) == 0
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["recipe"] == ("pyg" if name == "recipe" else "pyg_mgpu")
+        assert 0.0 <= metrics["test_acc"] <= 1.0

@@ -31,3 +31,30 @@ def test_trimmed_gradients_match():
         grads.append([p.grad for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_byte_dropout_keeps_the_expected_share_unbiased():
+    from pyg_mgpu.model import byte_dropout
+    torch.manual_seed(0)
+    x = torch.ones(1000, 1000)
+    for p in (0.5, 0.2, 0.7):
+        y = byte_dropout(x, p)
+        kept = (y != 0).double().mean().item()
+        assert abs(kept - (1 - p)) < 0.005  # rounded to 1/256 at most ~0.002 off
+        assert abs(y.mean().item() - 1.0) < 0.01  # survivors rescaled: unbiased
+    assert byte_dropout(x, 0.5, training=False) is x
+    x.requires_grad_(True)
+    byte_dropout(x, 0.5).sum().backward()
+    assert set(x.grad.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_sparse_and_scatter_aggregation_agree():
+    g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
+    out = NativeNeighborSampler(g.colptr, g.row, [5, 5], seed=0).sample(torch.arange(32))
+    x, edge_index = g.x[out.node], torch.stack([out.row, out.col])
+    outputs = []
+    for sparse in (True, False):
+        torch.manual_seed(0)
+        model = GraphSAGE(8, 16, g.num_classes, 2, sparse_aggregation=sparse).eval()
+        outputs.append(model(x, edge_index, out.num_sampled_nodes, out.num_sampled_edges))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
