@@ -37,3 +37,34 @@ def save_json(obj: Any, path: Path) -> Path:
 
 def save_text(text: str, path: Path) -> Path:
     return _atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def check_resumable(cfg, world_size: int) -> dict:
+    """Loads ``--resume``'s checkpoint and rejects one that belongs to a different run.
+
+    Raises:
+        ValueError: naming the missing file or the first setting that differs.
+    """
+    path = Path(cfg.resume) / CHECKPOINT
+    if not path.is_file():
+        raise ValueError(f"--resume {cfg.resume}: no {CHECKPOINT} there; pass the --out folder "
+                         "of a run that finished at least one epoch.")
+    try:
+        ckpt = torch.load(path, weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        raise ValueError(f"--resume {cfg.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
+                         "written by pyg_mgpu, or the disk lost it.")
+    saved = ckpt["config"]
+    for key in cfg.RESUME_MUST_MATCH:
+        now = list(getattr(cfg, key)) if key == "fanout" else getattr(cfg, key)
+        if saved.get(key) != now:
+            raise ValueError(f"--resume {cfg.resume}: the checkpoint was trained with "
+                             f"{key}={saved.get(key)!r} but this run asks for {now!r}; use the "
+                             "same settings.")
+    if ckpt["world_size"] != world_size:
+        raise ValueError(f"--resume {cfg.resume}: the checkpoint has {ckpt['world_size']} "
+                         f"ranks but this run starts {world_size}; resume with the same count.")
+    return ckpt

@@ -42,6 +42,7 @@ class TrainConfig:
     num_workers: int = 0
     timeout_s: float = 300.0
     amp: str = "none"
+    resume: Optional[str] = None
     recipe: str = "pyg_mgpu"
     profile: bool = False
     debug: bool = False
@@ -91,6 +92,10 @@ class TrainConfig:
     @property
     def num_layers(self) -> int:
         return len(self.fanout)
+
+    # Fields a resumed run must share with the checkpoint, or it would not continue the same run.
+    RESUME_MUST_MATCH = ("dataset", "fanout", "hidden", "batch_size", "seed", "recipe", "lr",
+                         "dropout", "num_nodes", "num_edges", "num_features", "num_classes")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bf16 autocast for the model (CPU with AVX512-BF16/AMX, or GPU)")
     p.add_argument("--recipe", choices=["pyg_mgpu", "pyg"], default=d.recipe,
                    help="pyg = PyG's example model as written (untrimmed), the benchmark baseline")
+    p.add_argument("--resume", default=d.resume, metavar="RUN_DIR",
+                   help="continue the run whose checkpoint.pt is in RUN_DIR (writes there too "
+                        "unless --out is given)")
     p.add_argument("--profile", action="store_true", help="print per-stage times per epoch")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     synthetic = p.add_argument_group("synthetic dataset size")
@@ -90,12 +93,15 @@ def run(cfg: TrainConfig) -> Path:
     from .sharding import check_shardable
 
     resolve_sampler(cfg.sampler)
-    out = make_out_dir(cfg.out)
+    out = make_out_dir(cfg.out or cfg.resume)
     if launched_by_torchrun():
         from .multinode import run_torchrun_rank
         run_torchrun_rank(cfg, out)
         return out
     devices = resolve_devices(cfg.devices, cfg.nprocs)
+    if cfg.resume:
+        from .checkpoint import check_resumable
+        check_resumable(cfg, len(devices))
     spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
                          num_features=cfg.num_features, num_classes=cfg.num_classes)
     start = time.perf_counter()

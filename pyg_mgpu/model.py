@@ -8,6 +8,7 @@ every layer on every node) is wasted work: on a [25, 10] sample the input has ~4
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -119,4 +120,6 @@ def _csr_adjacency(ptr: Tensor, src: Tensor, size: tuple[int, int], dtype) -> Te
     # One sparse-times-dense product replaces gathering an [E, F] message matrix and scattering
     # it back; PyG's SAGEConv accepts the transposed adjacency as a torch.sparse CSR tensor.
     values = torch.ones(src.numel(), dtype=dtype, device=src.device)
-    return torch.sparse_csr_tensor(ptr, src, values, size=size)
+    with warnings.catch_warnings():  # "CSR support is in beta": said once per batch otherwise
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(ptr, src, values, size=size, check_invariants=False)

@@ -25,7 +25,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from tqdm import tqdm
 
-from .checkpoint import save_json, save_text, save_torch
+from .checkpoint import CHECKPOINT, save_json, save_text, save_torch
 from .config import TrainConfig
 from .data.graph import GraphStore
 from .distributed import RankContext
@@ -144,6 +144,40 @@ class Evaluator:
         return float(result[0])
 
 
+def _rng_state(train_loader) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    generator = getattr(train_loader.node_sampler, "generator", None)
+    if generator is not None:  # the native sampler (in this process; exact with 0 workers)
+        state["sampler"] = generator.get_state()
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict, train_loader) -> None:
+    torch.set_rng_state(state["torch"])
+    if "sampler" in state:
+        train_loader.node_sampler.generator.set_state(state["sampler"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(out: Path, ctx: RankContext, cfg: TrainConfig, epoch: int,
+                    model: torch.nn.Module, optimizer: torch.optim.Optimizer, history: list,
+                    best: dict, best_state: dict, train_loader) -> None:
+    """Everything ``--resume`` needs to continue exactly, written atomically by rank 0.
+
+    Every rank's RNG state is gathered: each rank draws its own dropout masks and samples.
+    """
+    states: list = [None] * ctx.world_size
+    dist.all_gather_object(states, _rng_state(train_loader))
+    if ctx.is_main:
+        save_torch({"epoch": epoch, "world_size": ctx.world_size, "config": cfg.to_dict(),
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "history": history, "best": best, "best_state": best_state,
+                    "rng": states}, out / CHECKPOINT)
+
+
 def _peak_mem_mb(ctx: RankContext) -> float:
     """Sum over ranks of each rank's peak resident memory (shared pages count in every rank)."""
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -178,7 +212,17 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     history: list[dict] = []
     best = {"val_acc": -1.0, "epoch": 0}
     best_state = copy.deepcopy(model.state_dict())
-    for epoch in range(1, cfg.epochs + 1):
+    first_epoch = 1
+    if cfg.resume:
+        ckpt = torch.load(Path(cfg.resume) / CHECKPOINT, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        history, best, best_state = ckpt["history"], ckpt["best"], ckpt["best_state"]
+        _set_rng_state(ckpt["rng"][ctx.rank], train_loader)
+        first_epoch = ckpt["epoch"] + 1
+        if ctx.is_main:
+            tqdm.write(f"resumed from {cfg.resume} after epoch {ckpt['epoch']}")
+    for epoch in range(first_epoch, cfg.epochs + 1):
         batch_sampler.set_epoch(epoch)
         timer.seconds.clear()
         start = time.perf_counter()
@@ -199,6 +243,8 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
                   "val_acc": val_acc, "epoch_time_s": epoch_time, "eval_time_s": eval_time,
                   "stage_times_s": dict(timer.seconds)}
         history.append(record)
+        save_checkpoint(out, ctx, cfg, epoch, model, optimizer, history, best, best_state,
+                        train_loader)
         if ctx.is_main:
             val = "-" if val_acc is None else f"{val_acc:.4f}"
             tqdm.write(f"epoch {epoch:3d} | loss {train_loss:.4f} | train acc {train_acc:.4f} | "

@@ -1,0 +1,56 @@
+"""Atomic writes and resume: a crash never corrupts the last good checkpoint."""
+import json
+
+import pytest
+import torch
+
+from pyg_mgpu import checkpoint
+from pyg_mgpu.distributed_sampling import main
+
+
+def test_crash_mid_write_keeps_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_torch({"epoch": 1}, path)
+
+    def torn_save(obj, f):
+        f.write(b"partial bytes")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(OSError):
+        checkpoint.save_torch({"epoch": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path) == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"], "temp file left behind"
+
+
+TINY = ["--num-nodes", "2000", "--num-edges", "20000", "--num-features", "8", "--num-classes",
+        "4", "--hidden", "16", "--batch-size", "256", "--devices", "cpu", "--nprocs", "2"]
+
+
+@pytest.mark.slow
+def test_resume_reaches_the_uninterrupted_result(tmp_path):
+    assert main(TINY + ["--epochs", "3", "--out", str(tmp_path / "full")]) == 0
+    assert main(TINY + ["--epochs", "2", "--out", str(tmp_path / "cut")]) == 0
+    assert main(TINY + ["--epochs", "3", "--resume", str(tmp_path / "cut")]) == 0
+    full = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    resumed = json.loads((tmp_path / "cut" / "metrics.json").read_text())
+    assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in full["epochs"]]
+    for key in ("best_val_acc", "best_epoch", "test_acc"):
+        assert resumed[key] == full[key]
+
+
+@pytest.mark.parametrize("change,message", [
+    ([], "no checkpoint.pt"),
+])
+def test_resume_from_a_folder_without_checkpoint(tmp_path, capsys, change, message):
+    assert main(TINY + ["--resume", str(tmp_path)] + change) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_resume_with_other_settings_is_refused(tmp_path, capsys):
+    assert main(TINY + ["--epochs", "1", "--out", str(tmp_path)]) == 0
+    assert main(TINY + ["--epochs", "2", "--fanout", "5,5", "--resume", str(tmp_path)]) == 2
+    assert "fanout" in capsys.readouterr().err
+    assert main(TINY[:-1] + ["3", "--epochs", "2", "--resume", str(tmp_path)]) == 2
+    assert "ranks" in capsys.readouterr().err
