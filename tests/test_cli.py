@@ -95,3 +95,13 @@ def test_pyg_recipe_and_bf16_variants_train(tmp_path):
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["recipe"] == ("pyg" if name == "recipe" else "pyg_mgpu")
         assert 0.0 <= metrics["test_acc"] <= 1.0
+
+
+def test_full_shared_memory_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    import shutil
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100, 100, 0))
+    assert main(TINY + ["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "shared memory" in err and "--shm-size" in err and "Traceback" not in err

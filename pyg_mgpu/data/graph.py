@@ -7,6 +7,8 @@ map the parent's pages instead of copying them.
 """
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
@@ -69,10 +71,32 @@ class GraphStore:
         """Bytes held by all tensors: the size of one copy of the dataset."""
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
-    def share_memory_(self) -> "GraphStore":
-        """Moves every tensor to shared memory in place (ranks then map, not copy, them)."""
-        for t in self.tensors().values():
-            t.share_memory_()
+    def share_memory_(self, shm_dir: str = "/dev/shm") -> "GraphStore":
+        """Moves every tensor to shared memory in place (ranks then map, not copy, them).
+
+        Raises:
+            DatasetError: when ``shm_dir`` cannot hold the graph or file descriptors run out,
+                with what to change (the torch error alone names neither).
+        """
+        need = self.nbytes()
+        if os.path.isdir(shm_dir):
+            free = shutil.disk_usage(shm_dir).free
+            if free < need:
+                raise DatasetError(
+                    f"{self.name}: shared memory ({shm_dir}) has {free / 2**20:.0f} MiB free but "
+                    f"the graph needs {need / 2**20:.0f} MiB; enlarge it (e.g. docker run "
+                    "--shm-size, or mount -o remount,size=... /dev/shm) or use a smaller dataset.")
+        try:
+            for t in self.tensors().values():
+                t.share_memory_()
+        except RuntimeError as e:
+            if "Too many open files" in str(e):
+                raise DatasetError(f"{self.name}: ran out of file descriptors while sharing the "
+                                   "graph; raise the limit (ulimit -n 65536).") from e
+            if "No space left" in str(e):
+                raise DatasetError(f"{self.name}: shared memory ({shm_dir}) ran out while "
+                                   "sharing the graph; enlarge /dev/shm.") from e
+            raise
         return self
 
     def is_shared(self) -> bool:
