@@ -42,6 +42,7 @@ class TrainConfig:
     num_workers: int = 0
     timeout_s: float = 300.0
     amp: str = "none"
+    graph_on: str = "auto"
     resume: Optional[str] = None
     recipe: str = "pyg_mgpu"
     profile: bool = False
@@ -81,6 +82,8 @@ class TrainConfig:
                               f"got {self.sampler!r}.")
         if self.amp not in AMP_MODES:
             raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}.")
+        if self.graph_on not in ("auto", "cpu", "gpu"):
+            raise ConfigError(f"--graph-on must be auto, cpu or gpu, got {self.graph_on!r}.")
         if self.recipe not in RECIPES:
             raise ConfigError(f"--recipe must be one of {', '.join(RECIPES)}, "
                               f"got {self.recipe!r}.")

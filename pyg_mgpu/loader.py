@@ -67,6 +67,19 @@ def _make_sampler(graph: GraphStore, fanout: Sequence[int], kind: str, seed: int
     return NeighborSampler(data, num_neighbors=list(fanout), is_sorted=False)
 
 
+def place_graph(graph: GraphStore, device: torch.device, placement: str) -> GraphStore:
+    """The graph this rank samples from: its own GPU copy when asked or when it fits, else
+    the shared host copy (features then travel per batch)."""
+    if device.type != "cuda" or placement == "cpu":
+        return graph
+    if placement == "auto":
+        free, _ = torch.cuda.mem_get_info(device)
+        if graph.nbytes() > free // 2:  # keep half the card for activations and the allocator
+            return graph
+    moved = {name: t.to(device) for name, t in graph.tensors().items()}
+    return GraphStore(name=graph.name, num_classes=graph.num_classes, **moved)
+
+
 def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
                 seed: int, batch_size: int, num_workers: int = 0,
                 batch_sampler: Optional[EpochBatchSampler] = None) -> NodeLoader:
@@ -74,14 +87,20 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
 
     Features and labels stay in the graph's (shared) memory; each batch gathers its rows.
     """
+    on_gpu = graph.x.is_cuda
+    if on_gpu:
+        num_workers = 0  # sampling runs on the GPU in this process; workers cannot use CUDA
     # The empty edge_index is a slot: PyG fills it with each batch's sampled (row, col).
-    data = Data(x=graph.x, y=graph.y, edge_index=torch.empty(2, 0, dtype=torch.long),
+    data = Data(x=graph.x, y=graph.y,
+                edge_index=torch.empty(2, 0, dtype=torch.long, device=graph.x.device),
                 num_nodes=graph.num_nodes)
     # Its own generator: iterating a DataLoader draws a seed, and drawing it from the global RNG
     # would shift the dropout stream of whichever rank happens to evaluate.
     loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
                              filter_per_worker=num_workers > 0,
-                             generator=torch.Generator().manual_seed(seed))
+                             generator=torch.Generator().manual_seed(seed),
+                             # Host batches bound for a GPU: pinned, so the copy is asynchronous.
+                             pin_memory=torch.cuda.is_available() and not on_gpu)
     if batch_sampler is not None:
         loader_args["batch_sampler"] = batch_sampler
     else:

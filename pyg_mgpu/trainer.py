@@ -29,7 +29,7 @@ from .checkpoint import CHECKPOINT, save_json, save_text, save_torch
 from .config import TrainConfig
 from .data.graph import GraphStore
 from .distributed import RankContext
-from .loader import EpochBatchSampler, make_loader, resolve_sampler
+from .loader import EpochBatchSampler, make_loader, place_graph, resolve_sampler
 from .model import GraphSAGE
 from .sharding import eval_shard
 
@@ -201,6 +201,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
     torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
 
+    graph = place_graph(graph, ctx.device, cfg.graph_on)
     batch_sampler = EpochBatchSampler(graph.train_idx.numel(), seed=cfg.seed, rank=ctx.rank,
                                       world_size=ctx.world_size, batch_size=cfg.batch_size)
     train_loader = make_loader(graph, graph.train_idx, fanout=cfg.fanout, sampler=sampler,

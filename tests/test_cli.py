@@ -105,3 +105,14 @@ def test_full_shared_memory_is_a_clear_error(tmp_path, capsys, monkeypatch):
     assert main(TINY + ["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "shared memory" in err and "--shm-size" in err and "Traceback" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graph_on", ["gpu", "cpu"])
+def test_trains_on_one_gpu(tmp_path, graph_on):
+    out = tmp_path / graph_on
+    assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--graph-on", graph_on,
+                        "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["device"] == "cuda" and metrics["backend"] == "nccl"
