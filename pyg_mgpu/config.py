@@ -43,6 +43,7 @@ class TrainConfig:
     timeout_s: float = 300.0
     amp: str = "none"
     graph_on: str = "auto"
+    inference: str = "sampled"
     resume: Optional[str] = None
     recipe: str = "pyg_mgpu"
     profile: bool = False
@@ -82,6 +83,9 @@ class TrainConfig:
                               f"got {self.sampler!r}.")
         if self.amp not in AMP_MODES:
             raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}.")
+        if self.inference not in INFERENCE_MODES:
+            raise ConfigError(f"--inference must be one of {', '.join(INFERENCE_MODES)}, "
+                              f"got {self.inference!r}.")
         if self.graph_on not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"--graph-on must be auto, cpu or gpu, got {self.graph_on!r}.")
         if self.recipe not in RECIPES:

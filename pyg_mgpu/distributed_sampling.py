@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a collective may wait for a peer before the job fails")
     p.add_argument("--amp", choices=["none", "bf16"], default=d.amp,
                    help="bf16 autocast for the model (CPU with AVX512-BF16/AMX, or GPU)")
+    p.add_argument("--inference", choices=["sampled", "layerwise"], default=d.inference,
+                   help="layerwise: also evaluate the best model exactly (all neighbours, layer "
+                        "by layer over all nodes, sharded across ranks)")
     p.add_argument("--graph-on", choices=["auto", "cpu", "gpu"], default=d.graph_on,
                    help="where GPU ranks keep graph and features: auto = on the GPU if it fits "
                         "in half its free memory, else shared host memory")
