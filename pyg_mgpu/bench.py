@@ -152,6 +152,7 @@ def run_sampler_bench(args) -> dict:
     import torch
 
     from .data.synthetic import SyntheticSpec, make_synthetic
+    from .distributed import usable_cores
     from .loader import make_loader, pyg_sampler_available
     from .sampler import NativeNeighborSampler
 
@@ -172,7 +173,7 @@ def run_sampler_bench(args) -> dict:
             yield sampler.sample(batch).row.numel()
     results["native_1_thread"] = _sampled_edges_per_s(native_direct, args.batches)
 
-    for workers in sorted({0, 1, max(1, os.cpu_count() or 1)}):
+    for workers in sorted({0, 1, usable_cores()}):
         def via_loader(workers=workers):
             loader = make_loader(graph, seeds, fanout=fanout, sampler="native", seed=0,
                                  batch_size=args.batch_size, num_workers=workers)

@@ -10,8 +10,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import shutil
 import socket
+import tempfile
+import time
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -101,19 +106,44 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
         dist.destroy_process_group()
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (CPU affinity: Slurm, taskset), not all the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def set_thread_budget(world_size_on_node: int) -> int:
     """Gives each rank its share of the cores, so ranks do not oversubscribe them."""
-    threads = max(1, (os.cpu_count() or 1) // world_size_on_node)
+    threads = max(1, usable_cores() // world_size_on_node)
     torch.set_num_threads(threads)
     return threads
 
 
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
-                timeout_s: float, args: tuple) -> None:
+                timeout_s: float, report_dir: str, args: tuple) -> None:
     set_thread_budget(len(devices))
     with process_group(rank, len(devices), devices[rank], init_method=init_method,
                        timeout_s=timeout_s) as ctx:
-        fn(ctx, *args)
+        try:
+            fn(ctx, *args)
+        except BaseException:
+            # Written before leaving the group: leaving closes this rank's connections, so a peer
+            # blocked in a collective fails too, but strictly later. The parent then names the
+            # earliest failure (the cause), not whichever rank happened to exit first.
+            Path(report_dir, f"rank{rank}").write_text(
+                f"{time.monotonic()!r}\n{traceback.format_exc()}")
+            raise
+
+
+def _first_failure(report_dir: str) -> tuple[int, str] | None:
+    """(rank, traceback) of the earliest failure a rank reported, or None if none did."""
+    reports = []
+    for path in Path(report_dir).glob("rank*"):
+        stamp, _, trace = path.read_text().partition("\n")
+        with contextlib.suppress(ValueError):  # a rank terminated mid-write: not the first
+            reports.append((float(stamp), int(path.name[len("rank"):]), trace))
+    return min(reports)[1:] if reports else None
 
 
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
@@ -127,13 +157,20 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     # Allocations of tens of MB (feature gathers, layer outputs) otherwise pay a page fault per
     # 4 KiB page on every batch; transparent huge pages made such ops ~3-4x faster on CPU here.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
+    report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")
     try:
-        mp.start_processes(_rank_entry, args=(fn, list(devices), init_method, timeout_s, args),
+        mp.start_processes(_rank_entry, args=(fn, list(devices), init_method, timeout_s,
+                                              report_dir, args),
                            nprocs=len(devices), join=True, start_method="spawn")
     except mp.ProcessRaisedException as e:
-        raise RankFailed(f"rank {e.error_index} failed:\n{e}") from None
+        rank, trace = _first_failure(report_dir) or (e.error_index, str(e))
+        raise RankFailed(f"rank {rank} failed:\n{trace}") from None
     except mp.ProcessExitedException as e:
         how = (f"was killed by signal {e.signal_name}" if e.signal_name
                else f"exited with code {e.exit_code}")
-        raise RankFailed(f"rank {e.error_index} {how} (out of memory is a common cause of "
-                         "SIGKILL)") from None
+        hint = (" (out of memory is a common cause of SIGKILL)" if e.signal_name == "SIGKILL"
+                else "")
+        raise RankFailed(f"rank {e.error_index} {how}{hint}") from None
+    finally:
+        shutil.rmtree(report_dir, ignore_errors=True)

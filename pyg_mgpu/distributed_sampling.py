@@ -81,7 +81,7 @@ def make_out_dir(out: Optional[str]) -> Path:
     path = Path(out) if out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
+        probe = path / f".write-test-{os.getpid()}"  # torchrun ranks probe at once
         probe.write_text("")
         probe.unlink()
     except OSError as e:
@@ -94,7 +94,7 @@ def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
     from .data.datasets import load_dataset
     from .data.synthetic import SyntheticSpec
-    from .distributed import launch_local, launched_by_torchrun, resolve_devices
+    from .distributed import launch_local, launched_by_torchrun, resolve_devices, usable_cores
     from .loader import resolve_sampler
     from .sharding import check_shardable
 
@@ -102,6 +102,9 @@ def run(cfg: TrainConfig) -> Path:
     out = make_out_dir(cfg.out or cfg.resume)
     if launched_by_torchrun():
         from .multinode import run_torchrun_rank
+        if cfg.resume:
+            from .checkpoint import check_resumable
+            check_resumable(cfg, int(os.environ["WORLD_SIZE"]))
         run_torchrun_rank(cfg, out)
         return out
     devices = resolve_devices(cfg.devices, cfg.nprocs)
@@ -116,7 +119,7 @@ def run(cfg: TrainConfig) -> Path:
     graph.share_memory_()
     load_s = time.perf_counter() - start
     print(f"{graph.summary()} | loaded in {load_s:.1f}s | {len(devices)} rank(s) on "
-          f"{devices[0].type} | threads/rank {max(1, (os.cpu_count() or 1) // len(devices))}",
+          f"{devices[0].type} | threads/rank {max(1, usable_cores() // len(devices))}",
           flush=True)
     release_free_heap()
     from .trainer import run_training
