@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default="pyg_mgpu,pyg_model_native_sampler,pyg_recipe,dgl",
                    help=f"comma-separated, from {', '.join(SYSTEMS)}; unavailable ones are "
                         "reported as skipped")
+    p.add_argument("--dgl-python", default=None,
+                   help="python of an environment with DGL (default: the one "
+                        "benchmarks/dgl_env.sh builds, if present)")
     p.add_argument("--sampler-only", action="store_true",
                    help="measure sampled edges/s instead of training")
     p.add_argument("--batches", type=int, default=30, help="batches per sampler measurement")
@@ -84,27 +87,31 @@ def _run_pyg_mgpu(system: str, args, out: Path) -> dict:
 
 
 def _run_dgl(args, out: Path) -> dict:
-    from .compare_dgl import dgl_python_or_none  # the DGL side lives with the comparison
-    python = dgl_python_or_none()
-    if python is None:
-        return {"skipped": "DGL environment not built (bash benchmarks/dgl_env.sh)"}
+    env = Path(os.environ.get("PYG_MGPU_DGL_ENV", Path.home() / ".cache/pyg_mgpu/dgl-env"))
+    python = args.dgl_python or str(env / "bin" / "python")
+    if not Path(python).is_file():
+        return {"skipped": "no DGL environment: run bash benchmarks/dgl_env.sh or pass "
+                           "--dgl-python"}
     from .data.synthetic import SyntheticSpec, make_synthetic
     npz = out / "graph.npz"
     out.mkdir(parents=True, exist_ok=True)
-    make_synthetic(SyntheticSpec(num_nodes=args.num_nodes, num_edges=args.num_edges,
-                                 num_features=args.num_features,
-                                 num_classes=args.num_classes), args.seed).save_npz(npz)
+    graph = make_synthetic(SyntheticSpec(num_nodes=args.num_nodes, num_edges=args.num_edges,
+                                         num_features=args.num_features,
+                                         num_classes=args.num_classes), args.seed)
+    graph.save_npz(npz)
+    train_nodes = graph.train_idx.numel()
+    del graph
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "dgl_variant.py"
     cmd = [python, str(script), "--npz", str(npz), "--nprocs", str(args.nprocs),
            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
            "--fanout", args.fanout, "--hidden", str(args.hidden), "--seed", str(args.seed),
-           "--out", str(out)]
-    result = _run(cmd, out)
+           "--devices", "cpu" if args.devices == "cpu" else "auto", "--out", str(out)]
+    result = _run(cmd, out, train_nodes)
     npz.unlink(missing_ok=True)
     return result
 
 
-def _run(cmd: list[str], out: Path) -> dict:
+def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None) -> dict:
     print("+ " + " ".join(cmd), flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -113,7 +120,7 @@ def _run(cmd: list[str], out: Path) -> dict:
     metrics = json.loads((out / "metrics.json").read_text())
     epoch_time = _steady_epoch_time(metrics)
     return {"epoch_time_s": epoch_time,
-            "seeds_per_s": metrics.get("train_nodes", 0) / epoch_time if epoch_time else None,
+            "seeds_per_s": (train_nodes or metrics.get("train_nodes", 0)) / epoch_time,
             "test_acc": metrics.get("test_acc"), "best_val_acc": metrics.get("best_val_acc"),
             "peak_mem_mb": metrics.get("peak_mem_mb"),
             "stage_times_s": metrics.get("stage_times_s"),

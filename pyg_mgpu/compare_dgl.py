@@ -40,8 +40,14 @@ DGL_ENV_SCRIPT = REPO_ROOT / "benchmarks" / "dgl_env.sh"
 # seed-to-seed spread it was chosen from.
 DEFAULT_TOLERANCE = 0.03
 EXIT_SIDE_FAILED, EXIT_BAD_INPUT, EXIT_ACCURACY_GAP = 1, 2, 3
-# Flags of the main command that the comparison fixes, because the DGL recipe has one way only.
-FIXED_FLAGS = {"eval_on": "rank0", "eval_every": 1, "eval_batch_size": None}
+# Flags of the main command that the comparison fixes: the DGL recipe has one way only, and a
+# comparison starts from scratch.
+FIXED_FLAGS = {"eval_on": "rank0", "eval_every": 1, "eval_batch_size": None, "resume": None}
+# Main-command settings both sides get (side_commands spells them out), or that only choose the
+# data, which both sides read from the one exported .npz.
+SHARED_FIELDS = {"dataset", "root", "devices", "nprocs", "epochs", "batch_size", "fanout",
+                 "hidden", "dropout", "lr", "seed", "num_workers", "out", "num_nodes",
+                 "num_edges", "num_features", "num_classes", *FIXED_FLAGS}
 
 
 class CompareError(ValueError):
@@ -225,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.description = ("Train with pyg_mgpu and with DGL's recipe on the same data and settings; "
                      "print and write a side-by-side table. Exit 1: a side failed; 2: bad "
                      "input; 3: test accuracies differ by more than --tolerance.")
+    for action in p._actions:
+        if action.dest == "out":
+            action.help = ("folder for comparison.md/.json, the exported dataset and both "
+                           "sides' runs (default: runs/compare-dgl-<timestamp>)")
     g = p.add_argument_group("comparison with DGL")
     g.add_argument("--dgl-python", default=None,
                    help="python of the DGL environment (default: the one benchmarks/dgl_env.sh "
@@ -259,8 +269,9 @@ def _split_args(args: argparse.Namespace) -> tuple[TrainConfig, argparse.Namespa
     for key, value in FIXED_FLAGS.items():
         if train[key] != value:
             flag = "--" + key.replace("_", "-")
-            raise CompareError(f"{flag} {train[key]}: DGL's recipe validates on rank 0 after "
-                               f"every epoch with the training batch size; drop {flag}.")
+            raise CompareError(f"{flag} {train[key]}: the comparison starts a fresh run and, as "
+                               "DGL's recipe does, validates on rank 0 after every epoch with "
+                               f"the training batch size; drop {flag}.")
     return TrainConfig(**train), rest
 
 
@@ -296,6 +307,23 @@ def run_folder(out: Path, side: str, seed: int) -> Path:
     return out / side / f"seed{seed}"
 
 
+def pyg_only_flags(cfg: TrainConfig) -> list[str]:
+    """The main command's other flags the user set (``--sampler``, ``--amp``, ``--recipe``, ...),
+    passed on to the pyg_mgpu side only, so none is silently dropped."""
+    flags = []
+    for action in build_train_parser()._actions:
+        if action.dest in SHARED_FIELDS or not hasattr(cfg, action.dest):
+            continue
+        value = getattr(cfg, action.dest)
+        if value == action.default:
+            continue
+        if action.nargs == 0:  # an on/off switch such as --profile
+            flags.append(action.option_strings[0])
+        else:
+            flags += [action.option_strings[0], str(value)]
+    return flags
+
+
 def side_commands(cfg: TrainConfig, npz: Path, seed: int, out: Path, dgl_python: str,
                   dgl_sampler: str) -> dict[str, list[str]]:
     """Both sides' command lines for one seed, with every shared setting spelled out."""
@@ -307,8 +335,7 @@ def side_commands(cfg: TrainConfig, npz: Path, seed: int, out: Path, dgl_python:
     return {
         "pyg_mgpu": [sys.executable, "-m", "pyg_mgpu.distributed_sampling",
                      "--dataset", str(npz), "--devices", cfg.devices, *shared,
-                     "--eval-on", "rank0", "--eval-every", "1", "--sampler", cfg.sampler,
-                     "--timeout", str(cfg.timeout_s),
+                     "--eval-on", "rank0", "--eval-every", "1", *pyg_only_flags(cfg),
                      "--out", str(run_folder(out, "pyg_mgpu", seed))],
         "dgl": [dgl_python, str(DGL_SCRIPT), "--npz", str(npz), "--devices", dgl_device,
                 *shared, "--sampler", dgl_sampler, "--out", str(run_folder(out, "dgl", seed))],
