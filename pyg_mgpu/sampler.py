@@ -130,26 +130,28 @@ class NativeNeighborSampler(BaseSampler):
         Step i draws t uniformly from [0, j] with j = deg - k + i; if t was already chosen, j
         (never chosen before) is taken instead. Every k-subset comes out equally likely.
         """
-        chosen = torch.empty(deg.numel(), k, dtype=torch.long, device=deg.device)
         # float64 keeps the draw uniform even for degrees in the millions.
         u = torch.rand(deg.numel(), k, dtype=torch.float64, device=deg.device,
                        generator=self.generator)
-        for i in range(k):
-            j = deg - k + i
-            t = (u[:, i] * (j + 1)).long()
-            if i > 0:
-                t = torch.where((chosen[:, :i] == t.unsqueeze(1)).any(1), j, t)
-            chosen[:, i] = t
+        # All steps' upper bounds j and raw draws t at once; the loop only resolves repeats.
+        j = deg.unsqueeze(1) - k + torch.arange(k, device=deg.device)
+        chosen = (u * (j + 1)).long()
+        for i in range(1, k):
+            t = chosen[:, i]
+            repeat = (chosen[:, :i] == t.unsqueeze(1)).any(1)
+            chosen[:, i] = torch.where(repeat, j[:, i], t)
         return chosen
 
     @staticmethod
     def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
-        """Distinct nodes of ``nbr`` not yet in ``lookup``, without sorting.
+        """Distinct nodes of ``nbr`` not yet in ``lookup``, in order of first appearance.
 
-        Every candidate writes its position into the lookup; exactly one write per node wins, so
-        the positions that read back their own index are one representative per new node.
+        Every candidate offers its position to the lookup and the smallest wins, so the positions
+        that read back their own index are each new node's first occurrence: no sort, and the
+        same order on every run and thread count (a plain indexed write lets an arbitrary
+        duplicate win when it runs in parallel, which reorders the next hop's draws).
         """
         cand = nbr.masked_select(lookup.index_select(0, nbr) < 0)
         pos = torch.arange(cand.numel(), device=cand.device)
-        lookup.index_copy_(0, cand, pos)
+        lookup.scatter_reduce_(0, cand, pos, reduce="amin", include_self=False)
         return cand.masked_select(lookup.index_select(0, cand) == pos)

@@ -156,3 +156,25 @@ def test_runs_on_cuda_tensors(graph):
                         edge=out.edge.cpu(), num_sampled_nodes=out.num_sampled_nodes,
                         num_sampled_edges=out.num_sampled_edges)
     check_output(graph, out_cpu, seeds, [10, 5])
+
+
+def test_same_sample_whatever_the_thread_count():
+    # Relabelling must not depend on which duplicate a parallel write keeps: that would reorder
+    # the next hop's frontier and hand its random draws to other nodes. (Large enough that
+    # torch parallelizes the writes.)
+    g = make_synthetic(SyntheticSpec(num_nodes=50_000, num_edges=1_000_000, num_features=1),
+                       seed=0)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2, 1, 2):
+            torch.set_num_threads(n)
+            sampler = NativeNeighborSampler(g.colptr, g.row, [25, 10, 5], seed=3)
+            runs.append([sampler.sample(torch.randperm(50_000, generator=torch.Generator()
+                                                       .manual_seed(i))[:512])
+                         for i in range(3)])
+    finally:
+        torch.set_num_threads(threads)
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            assert torch.equal(a.node, b.node) and torch.equal(a.edge, b.edge)
