@@ -92,12 +92,9 @@ def _run_dgl(args, out: Path) -> dict:
     if not Path(python).is_file():
         return {"skipped": "no DGL environment: run bash benchmarks/dgl_env.sh or pass "
                            "--dgl-python"}
-    from .data.synthetic import SyntheticSpec, make_synthetic
     npz = out / "graph.npz"
     out.mkdir(parents=True, exist_ok=True)
-    graph = make_synthetic(SyntheticSpec(num_nodes=args.num_nodes, num_edges=args.num_edges,
-                                         num_features=args.num_features,
-                                         num_classes=args.num_classes), args.seed)
+    graph = _synthetic_graph(args)
     graph.save_npz(npz)
     train_nodes = graph.train_idx.numel()
     del graph
@@ -109,6 +106,15 @@ def _run_dgl(args, out: Path) -> dict:
     result = _run(cmd, out, train_nodes)
     npz.unlink(missing_ok=True)
     return result
+
+
+def _synthetic_graph(args, num_features: Optional[int] = None):
+    """The benchmark graph the training systems generate from the same flags."""
+    from .data.synthetic import SyntheticSpec, make_synthetic
+    spec = SyntheticSpec(num_nodes=args.num_nodes, num_edges=args.num_edges,
+                         num_features=num_features or args.num_features,
+                         num_classes=args.num_classes)
+    return make_synthetic(spec, args.seed)
 
 
 def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None) -> dict:
@@ -158,16 +164,13 @@ def _sampled_edges_per_s(make_batches, batches: int) -> float:
 def run_sampler_bench(args) -> dict:
     import torch
 
-    from .data.synthetic import SyntheticSpec, make_synthetic
     from .distributed import usable_cores
     from .loader import make_loader, pyg_sampler_available
     from .sampler import NativeNeighborSampler
 
     torch.set_num_threads(1)
     fanout = [int(k) for k in args.fanout.split(",")]
-    graph = make_synthetic(SyntheticSpec(num_nodes=args.num_nodes, num_edges=args.num_edges,
-                                         num_features=1, num_classes=args.num_classes),
-                           args.seed)
+    graph = _synthetic_graph(args, num_features=1)  # features play no part in sampling
     seeds = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(0))
     needed = (args.batches + 1) * args.batch_size
     seeds = seeds[:needed] if needed <= seeds.numel() else seeds

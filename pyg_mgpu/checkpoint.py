@@ -53,7 +53,8 @@ def check_resumable(cfg, world_size: int) -> dict:
         raise ValueError(f"--resume {cfg.resume}: no {CHECKPOINT} there; pass the --out folder "
                          "of a run that finished at least one epoch.")
     try:
-        ckpt = torch.load(path, weights_only=False)
+        # mmap: the check reads the config, not the weights (each rank loads those itself).
+        ckpt = torch.load(path, weights_only=False, mmap=True)
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"--resume {cfg.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
                          "written by pyg_mgpu, or the disk lost it.")

@@ -292,12 +292,9 @@ def export_dataset(cfg: TrainConfig, folder: Path) -> Path:
     """The dataset both sides read, as ``.npz`` (a ``.npz`` input is used as it is)."""
     if cfg.dataset.endswith(".npz"):
         return Path(cfg.dataset).resolve()
-    from .data.datasets import load_dataset
-    from .data.synthetic import SyntheticSpec
+    from .data.datasets import load_configured
 
-    spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
-                         num_features=cfg.num_features, num_classes=cfg.num_classes)
-    graph = load_dataset(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
+    graph = load_configured(cfg)
     print(f"[compare] {graph.summary()}", flush=True)
     return graph.save_npz(folder / f"{cfg.dataset.lower()}.npz").resolve()
 

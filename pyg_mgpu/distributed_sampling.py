@@ -92,29 +92,24 @@ def make_out_dir(out: Optional[str]) -> Path:
 
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
-    from .data.datasets import load_dataset
-    from .data.synthetic import SyntheticSpec
+    from .checkpoint import check_resumable
+    from .data.datasets import load_configured
     from .distributed import launch_local, launched_by_torchrun, resolve_devices, usable_cores
     from .loader import resolve_sampler
     from .sharding import check_shardable
 
     resolve_sampler(cfg.sampler)
     out = make_out_dir(cfg.out or cfg.resume)
-    if launched_by_torchrun():
+    torchrun = launched_by_torchrun()
+    devices = None if torchrun else resolve_devices(cfg.devices, cfg.nprocs)
+    if cfg.resume:
+        check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
+    if torchrun:
         from .multinode import run_torchrun_rank
-        if cfg.resume:
-            from .checkpoint import check_resumable
-            check_resumable(cfg, int(os.environ["WORLD_SIZE"]))
         run_torchrun_rank(cfg, out)
         return out
-    devices = resolve_devices(cfg.devices, cfg.nprocs)
-    if cfg.resume:
-        from .checkpoint import check_resumable
-        check_resumable(cfg, len(devices))
-    spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
-                         num_features=cfg.num_features, num_classes=cfg.num_classes)
     start = time.perf_counter()
-    graph = load_dataset(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
+    graph = load_configured(cfg)
     check_shardable(graph.train_idx.numel(), len(devices), cfg.batch_size)
     graph.share_memory_()
     load_s = time.perf_counter() - start

@@ -17,9 +17,8 @@ import torch.distributed as dist
 
 from .checkpoint import save_torch
 from .config import TrainConfig
-from .data.datasets import load_dataset
+from .data.datasets import load_configured
 from .data.graph import GraphStore
-from .data.synthetic import SyntheticSpec
 from .distributed import RankContext, process_group, set_thread_budget
 from .sharding import check_shardable
 
@@ -35,9 +34,7 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore:
     """Local rank 0 loads and publishes the graph; every local rank maps the published file."""
     path = _shm_path()
     if ctx.local_rank == 0:
-        spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
-                             num_features=cfg.num_features, num_classes=cfg.num_classes)
-        graph = load_dataset(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
+        graph = load_configured(cfg)
         state = {f.name: getattr(graph, f.name) for f in fields(graph)}
         save_torch(state, path)
         del graph, state

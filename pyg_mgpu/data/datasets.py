@@ -18,7 +18,7 @@ import zipfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from unittest import mock
 
 import numpy as np
@@ -26,6 +26,9 @@ import torch
 
 from .graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
 from .synthetic import SyntheticSpec, make_synthetic
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 DATASETS = ("synthetic", "cora", "citeseer", "pubmed", "reddit",
             "ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
@@ -59,6 +62,14 @@ _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, RuntimeError, zipfile.B
 
 _NPZ_CONTENTS = ("edge_index [2, E] (int), x [N, F], y [N], train_idx, val_idx, test_idx "
                  "(int node ids) and optionally num_classes, as GraphStore.save_npz writes")
+
+
+def load_configured(cfg: "TrainConfig") -> GraphStore:
+    """The dataset a run's config names (``--dataset --root --seed`` and the synthetic size
+    flags): the one place the launchers and the DGL comparison turn flags into a graph."""
+    spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
+                         num_features=cfg.num_features, num_classes=cfg.num_classes)
+    return load_dataset(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
 
 
 def load_dataset(
