@@ -18,6 +18,8 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
+_UNSEEN = torch.iinfo(torch.int64).max  # lookup entry of a node not in the batch (yet)
+
 
 class NativeNeighborSampler(BaseSampler):
     """Uniform neighbour sampling without replacement over a CSC graph.
@@ -73,7 +75,8 @@ class NativeNeighborSampler(BaseSampler):
         device = self.colptr.device
         seeds = seeds.to(device=device, dtype=torch.long)
         if self._lookup is None or self._lookup.device != device:
-            self._lookup = torch.full((self.num_nodes,), -1, dtype=torch.long, device=device)
+            self._lookup = torch.full((self.num_nodes,), _UNSEEN, dtype=torch.long,
+                                      device=device)
         lookup = self._lookup
 
         nodes = [seeds]
@@ -82,17 +85,19 @@ class NativeNeighborSampler(BaseSampler):
         frontier, frontier_start = seeds, 0
         rows, cols, edges = [], [], []
         num_sampled_nodes, num_sampled_edges = [seeds.numel()], []
+        touched = None  # this hop's neighbours: their lookup entries may be mid-update
         try:
             for fanout in self.fanouts:
                 local_dst, edge_id = self._sample_hop(frontier, fanout)
-                nbr = self.row.index_select(0, edge_id).long()
+                touched = nbr = self.row.index_select(0, edge_id)
                 new_nodes = self._first_occurrences(nbr, lookup)
                 lookup.index_copy_(0, new_nodes, torch.arange(
                     num_nodes, num_nodes + new_nodes.numel(), device=device))
-                rows.append(lookup.index_select(0, nbr))
-                cols.append(local_dst + frontier_start)
-                edges.append(edge_id)
                 nodes.append(new_nodes)
+                touched = None
+                rows.append(lookup.index_select(0, nbr))
+                cols.append(local_dst.add_(frontier_start))
+                edges.append(edge_id)
                 num_sampled_nodes.append(new_nodes.numel())
                 num_sampled_edges.append(edge_id.numel())
                 frontier, frontier_start = new_nodes, num_nodes
@@ -100,7 +105,9 @@ class NativeNeighborSampler(BaseSampler):
             node = torch.cat(nodes)
         finally:
             # Leave the scratch array clean for the next batch, even after an error.
-            lookup.index_fill_(0, torch.cat(nodes), -1)
+            lookup.index_fill_(0, torch.cat(nodes), _UNSEEN)
+            if touched is not None:
+                lookup.index_fill_(0, touched, _UNSEEN)
         return SamplerOutput(node=node, row=torch.cat(rows), col=torch.cat(cols),
                              edge=torch.cat(edges), num_sampled_nodes=num_sampled_nodes,
                              num_sampled_edges=num_sampled_edges)
@@ -109,49 +116,54 @@ class NativeNeighborSampler(BaseSampler):
         """Returns (position of the destination in ``dst``, CSC edge id) for each sampled edge."""
         # index_select, not tensor[index]: the latter took ~2.5x as long on CPU here.
         start = self.colptr.index_select(0, dst)
-        deg = self.colptr.index_select(0, dst + 1) - start
+        deg = self.colptr[1:].index_select(0, dst).sub_(start)
         count = deg if fanout < 0 else deg.clamp(max=fanout)
-        local_dst = torch.repeat_interleave(torch.arange(dst.numel(), device=dst.device), count)
-        # Rank of each output slot within its node: 0, 1, ..., count - 1.
-        first_slot = torch.cumsum(count, 0) - count
-        offset = (torch.arange(local_dst.numel(), device=dst.device)
-                  - first_slot.index_select(0, local_dst))
+        local_dst = torch.repeat_interleave(count)
+        first_slot = torch.cumsum(count, 0).sub_(count)
+        # Slot s of node v reads edge start[v] + (s - first_slot[v]): all of v's edges when it
+        # has at most `fanout`, else overwritten below by Floyd's draws.
+        edge_id = (start - first_slot).index_select(0, local_dst)
+        edge_id.add_(torch.arange(edge_id.numel(), device=dst.device))
         if fanout > 0:
-            big = deg > fanout
-            if bool(big.any()):
-                # Big nodes own exactly `fanout` consecutive slots, in node order.
-                slots = big.index_select(0, local_dst)
-                offset.masked_scatter_(slots, self._floyd(deg.masked_select(big), fanout))
-        return local_dst, start.index_select(0, local_dst) + offset
+            big = (deg > fanout).nonzero().squeeze(1)
+            if big.numel() > 0:
+                # Big nodes own exactly `fanout` consecutive slots from their first one.
+                steps = torch.arange(fanout, device=dst.device)
+                slots = first_slot.index_select(0, big) + steps.unsqueeze(1)
+                drawn = self._floyd(deg.index_select(0, big), fanout)
+                drawn.add_(start.index_select(0, big))
+                edge_id.index_copy_(0, slots.view(-1), drawn.view(-1))
+        return local_dst, edge_id
 
     def _floyd(self, deg: Tensor, k: int) -> Tensor:
-        """``[len(deg), k]`` distinct uniform offsets in ``[0, deg)`` per row (Floyd, 1987).
+        """``[k, len(deg)]``: k distinct uniform offsets in ``[0, deg)`` per column (Floyd, 1987).
 
         Step i draws t uniformly from [0, j] with j = deg - k + i; if t was already chosen, j
         (never chosen before) is taken instead. Every k-subset comes out equally likely.
         """
-        # float64 keeps the draw uniform even for degrees in the millions.
-        u = torch.rand(deg.numel(), k, dtype=torch.float64, device=deg.device,
+        # float64 keeps the draw uniform even for degrees in the millions. Steps run along the
+        # first axis so that every step reads and writes contiguous rows.
+        u = torch.rand(k, deg.numel(), dtype=torch.float64, device=deg.device,
                        generator=self.generator)
         # All steps' upper bounds j and raw draws t at once; the loop only resolves repeats.
-        j = deg.unsqueeze(1) - k + torch.arange(k, device=deg.device)
-        chosen = (u * (j + 1)).long()
+        j = deg - k + torch.arange(k, device=deg.device).unsqueeze(1)
+        chosen = u.mul_(j + 1).long()
         for i in range(1, k):
-            t = chosen[:, i]
-            repeat = (chosen[:, :i] == t.unsqueeze(1)).any(1)
-            chosen[:, i] = torch.where(repeat, j[:, i], t)
+            t = chosen[i]
+            repeat = (chosen[:i] == t).any(0)
+            torch.where(repeat, j[i], t, out=t)
         return chosen
 
     @staticmethod
     def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
         """Distinct nodes of ``nbr`` not yet in ``lookup``, in order of first appearance.
 
-        Every candidate offers its position to the lookup and the smallest wins, so the positions
-        that read back their own index are each new node's first occurrence: no sort, and the
-        same order on every run and thread count (a plain indexed write lets an arbitrary
-        duplicate win when it runs in parallel, which reorders the next hop's draws).
+        Every position offers ``num_nodes + position`` to its node's lookup entry and the smallest
+        wins. Known nodes hold a local id (below ``num_nodes``) and keep it; unseen ones hold
+        ``_UNSEEN`` (above everything) and end up with their first position, which reads back
+        equal only there. No sort, one pass, and the same order on every run and thread count (a
+        plain indexed write lets an arbitrary duplicate win when it runs in parallel).
         """
-        cand = nbr.masked_select(lookup.index_select(0, nbr) < 0)
-        pos = torch.arange(cand.numel(), device=cand.device)
-        lookup.scatter_reduce_(0, cand, pos, reduce="amin", include_self=False)
-        return cand.masked_select(lookup.index_select(0, cand) == pos)
+        offer = torch.arange(lookup.numel(), lookup.numel() + nbr.numel(), device=nbr.device)
+        lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
+        return nbr.masked_select(lookup.index_select(0, nbr) == offer)

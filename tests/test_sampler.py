@@ -67,7 +67,7 @@ def test_outputs_are_true_neighbours_in_pyg_order(graph, fanouts):
 def test_lookup_is_left_clean_between_batches(graph):
     sampler = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=0)
     sampler.sample(torch.arange(100))
-    assert (sampler._lookup == -1).all()
+    assert (sampler._lookup == torch.iinfo(torch.int64).max).all()
 
 
 def test_uniform_without_replacement():
