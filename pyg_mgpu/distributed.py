@@ -8,6 +8,7 @@ Two launchers run the same rank function:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import os
 import shutil
@@ -120,8 +121,28 @@ def set_thread_budget(world_size_on_node: int) -> int:
     return threads
 
 
+def tune_cpu_allocator() -> None:
+    """Keeps freed memory in the process for the next batch instead of returning it to the OS.
+
+    A training step allocates and frees tensors of tens of MB (feature gathers, layer outputs,
+    their gradients). glibc serves those with fresh mmaps and unmaps them on free, so every batch
+    paid a page fault per 4 KiB page: an elementwise op on a 15k x 256 layer took 2.5 ms on fresh
+    memory and 0.6 ms on reused memory here, and the model step went from 86 to 68 ms with the
+    fused ops. Transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE``, set by the launcher)
+    cut the fault count for what is still mapped fresh. Call it at the start of a rank.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (macOS, musl): leave its allocator alone
+        return
+    m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
+    libc.mallopt(m_mmap_max, 0)  # large blocks from the heap, so they can be reused...
+    libc.mallopt(m_trim_threshold, 2**31 - 1)  # ...and kept when freed (up to 2 GiB of them)
+
+
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
                 timeout_s: float, report_dir: str, args: tuple) -> None:
+    tune_cpu_allocator()
     set_thread_budget(len(devices))
     with process_group(rank, len(devices), devices[rank], init_method=init_method,
                        timeout_s=timeout_s) as ctx:
@@ -154,8 +175,7 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     If any rank fails, the others are terminated and :class:`RankFailed` names it.
     """
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    # Allocations of tens of MB (feature gathers, layer outputs) otherwise pay a page fault per
-    # 4 KiB page on every batch; transparent huge pages made such ops ~3-4x faster on CPU here.
+    # torch reads this once, at its first allocation: it must be in the ranks' starting environment.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
     report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")

@@ -19,7 +19,7 @@ from .checkpoint import save_torch
 from .config import TrainConfig
 from .data.datasets import load_configured
 from .data.graph import GraphStore
-from .distributed import RankContext, process_group, set_thread_budget
+from .distributed import RankContext, process_group, set_thread_budget, tune_cpu_allocator
 from .sharding import check_shardable
 
 
@@ -57,7 +57,7 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     use_cuda = torch.cuda.is_available() and cfg.devices != "cpu"
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    tune_cpu_allocator()
     set_thread_budget(local_world)
     with process_group(rank, world_size, device, init_method="env://",
                        timeout_s=cfg.timeout_s, local_rank=local_rank) as ctx:

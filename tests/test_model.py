@@ -58,3 +58,34 @@ def test_sparse_and_scatter_aggregation_agree():
         model = GraphSAGE(8, 16, g.num_classes, 2, sparse_aggregation=sparse).eval()
         outputs.append(model(x, edge_index, out.num_sampled_nodes, out.num_sampled_edges))
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_relu_dropout_is_relu_then_unbiased_dropout():
+    from pyg_mgpu.model import relu_dropout
+    torch.manual_seed(0)
+    x = torch.randn(1000, 1000)
+    for p in (0.5, 0.2, 0.7):
+        y = relu_dropout(x, p)
+        positive = x > 0
+        assert (y[~positive] == 0).all(), "ReLU: non-positive inputs give 0"
+        kept = (y[positive] != 0).double().mean().item()
+        assert abs(kept - (1 - p)) < 0.005
+        scale = 256 / round((1 - p) * 256)
+        survivors = y[y != 0]
+        torch.testing.assert_close(survivors, (x * scale)[y != 0])  # kept units scaled exactly
+    assert torch.equal(relu_dropout(x, 0.5, training=False), torch.relu(x))
+    x.requires_grad_(True)
+    y = relu_dropout(x, 0.5)
+    y.sum().backward()
+    # The gradient passes (scaled by 2) exactly where the unit passed both ReLU and the mask.
+    assert torch.equal(x.grad, (y > 0).float() * 2.0)
+
+
+def test_relu_dropout_in_bfloat16_keeps_its_dtype():
+    from pyg_mgpu.model import relu_dropout
+    x = torch.randn(300, 300, dtype=torch.bfloat16, requires_grad=True)
+    y = relu_dropout(x, 0.5)
+    assert y.dtype == torch.bfloat16
+    assert set(y[y != 0].div(x[y != 0]).float().unique().tolist()) == {2.0}
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.bfloat16
