@@ -59,7 +59,12 @@ class StageTimer:
 
 def _forward(model: torch.nn.Module, batch, *, trim: bool = True,
              amp: bool = False) -> torch.Tensor:
-    """Seed logits (float32) of a sampled batch."""
+    """Seed logits (float32) of a sampled batch.
+
+    Trimming needs the per-hop counts; PyG's sampler gives them only with pyg-lib (not with
+    torch-sparse), and without them every layer runs on every node, which is slower but exact.
+    """
+    trim = trim and getattr(batch, "num_sampled_nodes", None) is not None
     with torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=amp):
         if trim:
             out = model(batch.x, batch.edge_index, batch.num_sampled_nodes,

@@ -1,4 +1,5 @@
 """Trimmed layers give the seeds exactly what the untrimmed model gives them."""
+import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
@@ -89,3 +90,33 @@ def test_relu_dropout_in_bfloat16_keeps_its_dtype():
     assert set(y[y != 0].div(x[y != 0]).float().unique().tolist()) == {2.0}
     y.float().sum().backward()
     assert x.grad.dtype == torch.bfloat16
+
+
+def test_batches_without_hop_counts_run_untrimmed():
+    # PyG's sampler on torch-sparse (no pyg-lib) returns no per-hop counts: the seeds' logits
+    # must still come out, from the untrimmed model, equal to the trimmed ones.
+    from torch_geometric.data import Data
+
+    from pyg_mgpu.trainer import _forward
+    g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
+    out = NativeNeighborSampler(g.colptr, g.row, [5, 5], seed=0).sample(torch.arange(32))
+    x, edge_index = g.x[out.node], torch.stack([out.row, out.col])
+    model = GraphSAGE(8, 16, g.num_classes, 2).eval()
+    with_counts = Data(x=x, edge_index=edge_index, batch_size=32,
+                       num_sampled_nodes=out.num_sampled_nodes,
+                       num_sampled_edges=out.num_sampled_edges)
+    without = Data(x=x, edge_index=edge_index, batch_size=32)
+    torch.testing.assert_close(_forward(model, without), _forward(model, with_counts),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not __import__("pyg_mgpu.loader", fromlist=["x"]).pyg_sampler_available(),
+                    reason="PyG's sampler needs pyg-lib or torch-sparse (docs/benchmarks.md)")
+def test_pyg_sampler_batches_train_the_model():
+    from pyg_mgpu.loader import make_loader
+    from pyg_mgpu.trainer import _forward
+    g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
+    loader = make_loader(g, g.train_idx, fanout=[5, 5], sampler="pyg", seed=0, batch_size=64)
+    model = GraphSAGE(8, 16, g.num_classes, 2)
+    batch = next(iter(loader))
+    assert _forward(model, batch).shape == (64, g.num_classes)
