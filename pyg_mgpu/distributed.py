@@ -141,8 +141,9 @@ def tune_cpu_allocator() -> None:
 
 
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
-                timeout_s: float, report_dir: str, args: tuple) -> None:
-    tune_cpu_allocator()
+                timeout_s: float, report_dir: str, tune_allocator: bool, args: tuple) -> None:
+    if tune_allocator:
+        tune_cpu_allocator()
     set_thread_budget(len(devices))
     with process_group(rank, len(devices), devices[rank], init_method=init_method,
                        timeout_s=timeout_s) as ctx:
@@ -168,20 +169,24 @@ def _first_failure(report_dir: str) -> tuple[int, str] | None:
 
 
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, tune_allocator: bool = True) -> None:
     """Runs ``fn(ctx, *args)`` on one spawned process per device and waits for all of them.
 
     Tensors in ``args`` that live in shared memory are mapped, not copied, by every rank.
     If any rank fails, the others are terminated and :class:`RankFailed` names it.
+    ``tune_allocator=False`` leaves the ranks' memory allocator as a plain script has it (for
+    baselines: see :func:`tune_cpu_allocator`).
     """
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    # torch reads this once, at its first allocation: it must be in the ranks' starting environment.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    if tune_allocator:
+        # torch reads this once, at its first allocation: it must be in the ranks' starting
+        # environment.
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
     report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")
     try:
         mp.start_processes(_rank_entry, args=(fn, list(devices), init_method, timeout_s,
-                                              report_dir, args),
+                                              report_dir, tune_allocator, args),
                            nprocs=len(devices), join=True, start_method="spawn")
     except mp.ProcessRaisedException as e:
         rank, trace = _first_failure(report_dir) or (e.error_index, str(e))

@@ -57,7 +57,8 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     use_cuda = torch.cuda.is_available() and cfg.devices != "cpu"
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    tune_cpu_allocator()
+    if cfg.recipe == "pyg_mgpu":  # the pyg recipe is a baseline: left as PyG's example runs
+        tune_cpu_allocator()
     set_thread_budget(local_world)
     with process_group(rank, world_size, device, init_method="env://",
                        timeout_s=cfg.timeout_s, local_rank=local_rank) as ctx:

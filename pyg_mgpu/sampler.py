@@ -12,6 +12,7 @@ lists the seeds first, then each hop's newly reached nodes; ``row``/``col`` are 
 """
 from __future__ import annotations
 
+import time
 from typing import Optional, Sequence
 
 import torch
@@ -43,6 +44,7 @@ class NativeNeighborSampler(BaseSampler):
         if seed is not None:
             self.generator.manual_seed(seed)
         self._lookup: Optional[Tensor] = None  # global -> local id, built lazily per process
+        self.busy_s = 0.0  # seconds spent sampling in this process (for per-stage timing)
 
     @property
     def num_nodes(self) -> int:
@@ -62,7 +64,9 @@ class NativeNeighborSampler(BaseSampler):
         self.generator.set_state(gen_state)
 
     def sample_from_nodes(self, inputs: NodeSamplerInput, **kwargs) -> SamplerOutput:
+        start = time.perf_counter()
         out = self.sample(inputs.node)
+        self.busy_s += time.perf_counter() - start
         out.metadata = (inputs.input_id, inputs.time)
         return out
 

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MeanMetric
@@ -39,22 +40,52 @@ HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_acc", "epoch_time_s",
 
 @dataclass
 class StageTimer:
-    """Seconds spent per training stage, for ``--profile`` and metrics.json."""
+    """Seconds spent per training stage, for ``--profile`` and metrics.json.
+
+    Stages: ``sample`` (the sampler, when it runs in this process), ``gather`` (features, labels
+    and batch assembly; ``load`` instead when DataLoader workers sample and gather, and only the
+    wait is seen here), ``forward``, ``backward`` (gradient computation), ``allreduce`` (from a
+    gradient bucket's all-reduce being issued to its result, the wait for the slowest rank
+    included) and ``optimizer``.
+    """
 
     device: torch.device
     sync: bool = False
     seconds: dict = field(default_factory=lambda: defaultdict(float))
     _last: float = 0.0
+    _nested: float = 0.0  # seconds of stages timed elsewhere since the last lap
 
     def start(self) -> None:
         self._last = time.perf_counter()
+        self._nested = 0.0
+
+    def add(self, stage: str, seconds: float) -> None:
+        """A stage timed inside the current lap (sampling, all-reduce); the lap excludes it."""
+        self.seconds[stage] += seconds
+        self._nested += seconds
 
     def lap(self, stage: str) -> None:
         if self.sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
-        self.seconds[stage] += now - self._last
-        self._last = now
+        self.seconds[stage] += now - self._last - self._nested
+        self._last, self._nested = now, 0.0
+
+
+def time_allreduce(ddp: DistributedDataParallel, timer: StageTimer) -> None:
+    """DDP's default gradient all-reduce, with each bucket's time recorded as ``allreduce``.
+
+    DDP waits for the hook's result before ``backward()`` returns, so the time is in ``timer``
+    by the next lap.
+    """
+    def hook(_, bucket):
+        start = time.perf_counter()
+
+        def finished(fut):
+            timer.add("allreduce", time.perf_counter() - start)
+            return fut.value()
+        return allreduce_hook(None, bucket).then(finished)
+    ddp.register_comm_hook(None, hook)
 
 
 def _forward(model: torch.nn.Module, batch, *, trim: bool = True,
@@ -86,17 +117,23 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
                    dynamic_ncols=True)
     # Equal step counts are guaranteed by the sharding; Join only turns a bug there into an
     # error instead of a hang.
+    # The sampler's own clock splits loading into sampling and gathering when it runs here.
+    sampler = loader.node_sampler if loader.num_workers == 0 else None
+    sampler_busy = getattr(sampler, "busy_s", None)
     with Join([ddp], throw_on_early_termination=True):
         timer.start()
         for batch in batches:
             batch = batch.to(ctx.device, non_blocking=True)
             y = batch.y[:batch.batch_size]
-            timer.lap("load")
+            if sampler_busy is not None:
+                timer.add("sample", sampler.busy_s - sampler_busy)
+                sampler_busy = sampler.busy_s
+            timer.lap("gather" if sampler_busy is not None else "load")
             optimizer.zero_grad(set_to_none=True)
             out = _forward(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
             loss = F.cross_entropy(out, y)
             timer.lap("forward")
-            loss.backward()  # DDP's gradient all-reduce overlaps this
+            loss.backward()  # DDP's gradient all-reduce overlaps this (timed by its hook)
             timer.lap("backward")
             optimizer.step()
             loss_sum.update(loss.detach(), weight=y.numel())
@@ -205,6 +242,8 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+    timer = StageTimer(ctx.device, sync=cfg.profile)
+    time_allreduce(ddp, timer)
     torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
 
     graph = place_graph(graph, ctx.device, cfg.graph_on)
@@ -214,7 +253,6 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
                                seed=cfg.seed * 1009 + ctx.rank, batch_size=cfg.batch_size,
                                num_workers=cfg.num_workers, batch_sampler=batch_sampler)
     evaluator = Evaluator(graph, cfg, ctx, sampler)
-    timer = StageTimer(ctx.device, sync=cfg.profile)
 
     history: list[dict] = []
     best = {"val_acc": -1.0, "epoch": 0}
