@@ -318,3 +318,30 @@ def test_unreadable_npz_is_rejected(tmp_path, damage):
     with pytest.raises(DatasetError) as info:
         load_dataset(str(path))
     assert str(path) in str(info.value) and "must contain" in str(info.value)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files via /proc")
+def test_running_out_of_file_descriptors_says_how_to_fix_it():
+    # torch keeps one descriptor per shared tensor: with the limit just above what is open,
+    # sharing the graph's tensors runs out part-way, which must read as an actionable error.
+    script = r"""
+import os, resource
+from pyg_mgpu.data.graph import DatasetError
+from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+g = make_synthetic(SyntheticSpec(num_nodes=200, num_edges=1000))
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    g.share_memory_()
+except DatasetError as e:
+    print("ERROR:", e)
+else:
+    print("shared without error")
+"""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ERROR: synthetic: ran out of file descriptors" in proc.stdout, proc.stdout
+    assert "ulimit -n" in proc.stdout
