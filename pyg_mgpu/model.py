@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import SAGEConv
+from torch_geometric.utils import spmm
 
 
 def _random_bytes(like: Tensor) -> Tensor:
@@ -90,7 +91,7 @@ def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, adj_t: Tensor) -> T
     ``lin_l(mean of neighbours) + lin_r(x_dst)`` as one matmul plus one accumulating matmul:
     PyG's version also allocates and adds the two products (a full extra pass over the layer).
     """
-    agg = torch.sparse.mm(adj_t, x_src, reduce="mean")
+    agg = spmm(adj_t, x_src, reduce="mean")  # PyG's: torch's reduce="mean" is CPU-only
     out = F.linear(agg, conv.lin_l.weight, conv.lin_l.bias)
     # In-place matmul is outside autocast: cast its operands to the output's dtype by hand.
     return out.addmm_(x_dst.to(out.dtype), conv.lin_r.weight.t().to(out.dtype))
