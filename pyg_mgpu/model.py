@@ -30,30 +30,16 @@ def _keep_bytes(p: float) -> int:
     return round((1.0 - p) * 256)
 
 
-def byte_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """Dropout with masks made from random bytes: ~15x cheaper than ``F.dropout`` on CPU.
+class _ReLUDropout(torch.autograd.Function):
+    """``dropout(relu(x))`` with masks made from random bytes, in a few cheap passes.
 
     ``torch.bernoulli_`` draws one float per element and took a fifth of a training step here;
     one 64-bit draw gives eight mask bytes instead. The keep probability is rounded to a multiple
     of 1/256 (exact for p = 0.5) and survivors are scaled by its exact inverse, so the layer stays
     unbiased in expectation.
-    """
-    if not training or p == 0.0:
-        return x
-    keep_bytes = _keep_bytes(p)
-    if keep_bytes >= 256:
-        return x
-    if keep_bytes == 0:
-        return x * 0.0
-    keep = _random_bytes(x) < keep_bytes
-    return x * keep * (256.0 / keep_bytes)
 
-
-class _ReLUDropout(torch.autograd.Function):
-    """``byte_dropout(relu(x))`` in a few cheap passes.
-
-    On CPU every kernel that reads or writes a bool tensor ran 3-10x slower than float
-    arithmetic here, and each out-of-place op pays for fresh pages. So the mask is made in float
+    On CPU every kernel that reads or writes a bool tensor ran 3-10x slower than float arithmetic
+    here, and each out-of-place op pays for fresh pages. So the mask is made in float
     (``clamp(keep_bytes - byte, 0, 1)`` is 1 exactly where the byte is below ``keep_bytes``), the
     output is written in place, and backward needs only the output: a unit passed the ReLU and
     the mask exactly where the output is positive.
@@ -76,7 +62,7 @@ class _ReLUDropout(torch.autograd.Function):
 
 
 def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """``dropout(relu(x))`` with byte masks (see :func:`byte_dropout`), fused for CPU speed."""
+    """``dropout(relu(x))`` with byte masks, fused for CPU speed (see ``_ReLUDropout``)."""
     keep_bytes = _keep_bytes(p)
     if not training or keep_bytes >= 256:
         return torch.relu(x)
