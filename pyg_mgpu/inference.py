@@ -60,7 +60,8 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
     Args:
         model: The (unwrapped) GraphSAGE, on ``device``.
         graph: The graph; its tensors stay where they are (CSC slices move per batch), except the
-            features, which are moved to ``device`` once (no copy when that is the CPU).
+            features, which are moved to ``device`` once (no copy when that is the CPU and they
+            are float32 already).
         rank: This rank, in ``[0, world_size)``.
         world_size: Number of ranks sharing the work.
         batch_size: Destination nodes per step; a step also touches all their in-edges.
@@ -87,7 +88,8 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
     first_row = rank * slice_rows  # where this rank's slice lands in the gathered layer
     colptr, row = graph.colptr, graph.row
 
-    h = graph.x.to(device)  # layer 0's input; unpadded, so node id == row
+    # Layer 0's input (unpadded, so node id == row), in float32 even when stored in bf16.
+    h = graph.x.to(device, torch.float32)
     padded = False
     for i, conv in enumerate(model.convs):
         # Padding rows stay uninitialized: no edge ever reads them.

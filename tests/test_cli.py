@@ -99,13 +99,18 @@ def test_rank0_and_sharded_evaluation_agree(tmp_path):
 
 @pytest.mark.slow
 def test_pyg_recipe_and_bf16_variants_train(tmp_path):
-    for name, extra in (("recipe", ["--recipe", "pyg"]), ("bf16", ["--amp", "bf16"])):
+    for name, extra in (("recipe", ["--recipe", "pyg"]),
+                        ("bf16", ["--amp", "bf16", "--inference", "layerwise"])):
         out = tmp_path / name
         assert main(TINY + ["--epochs", "1", "--devices", "cpu", "--nprocs", "2",
                             "--out", str(out)] + extra) == 0
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["recipe"] == ("pyg" if name == "recipe" else "pyg_mgpu")
         assert 0.0 <= metrics["test_acc"] <= 1.0
+    # bf16 runs store the features in bf16: the shared dataset shrinks by half of x's bytes.
+    full = json.loads((tmp_path / "recipe" / "metrics.json").read_text())["dataset_bytes"]
+    assert metrics["dataset_bytes"] == full - 1500 * 8 * 2
+    assert 0.0 <= metrics["test_acc_exact"] <= 1.0
 
 
 def test_full_shared_memory_is_a_clear_error(tmp_path, capsys, monkeypatch):

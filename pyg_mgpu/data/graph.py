@@ -35,7 +35,7 @@ class GraphStore:
         colptr: ``[N + 1]`` int64 CSC pointers: the in-neighbours of node ``v`` are
             ``row[colptr[v]:colptr[v + 1]]``.
         row: ``[E]`` int64 source node of each edge, grouped by destination.
-        x: ``[N, F]`` float32 node features.
+        x: ``[N, F]`` float32 node features (bfloat16 for runs with ``--amp bf16``).
         y: ``[N]`` int64 labels in ``[0, num_classes)``.
         train_idx, val_idx, test_idx: int64 node ids of each split (disjoint).
         num_classes: Number of label classes.
