@@ -9,7 +9,8 @@ Systems:
 - ``pyg_mgpu``: this project (native sampler, trimmed layers, CSR aggregation, byte dropout).
 - ``pyg_mgpu_bf16``: the same with ``--amp bf16``.
 - ``pyg_model_native_sampler``: PyG's multi-GPU example model as written (every layer on every
-  sampled node) fed by our sampler: isolates the model-side gains. Always available.
+  sampled node) fed by our sampler, run like the recipe (glibc's default allocator): the
+  recipe's cost without PyG's sampler. Always available.
 - ``pyg_recipe``: PyG's example as written, ``NeighborLoader`` sampling included; needs pyg-lib
   or torch-sparse (see docs/benchmarks.md for building torch-sparse).
 - ``dgl``: DGL's recipe (benchmarks/dgl_variant.py) in its own environment, when built.

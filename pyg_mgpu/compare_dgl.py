@@ -294,7 +294,7 @@ def export_dataset(cfg: TrainConfig, folder: Path) -> Path:
         return Path(cfg.dataset).resolve()
     from .data.datasets import load_configured
 
-    graph = load_configured(cfg)
+    graph = load_configured(cfg, for_training=False)  # DGL gets the dataset as read
     print(f"[compare] {graph.summary()}", flush=True)
     return graph.save_npz(folder / f"{cfg.dataset.lower()}.npz").resolve()
 

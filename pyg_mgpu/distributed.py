@@ -121,23 +121,28 @@ def set_thread_budget(world_size_on_node: int) -> int:
     return threads
 
 
-def tune_cpu_allocator() -> None:
+def tune_cpu_allocator() -> bool:
     """Keeps freed memory in the process for the next batch instead of returning it to the OS.
 
     A training step allocates and frees tensors of tens of MB (feature gathers, layer outputs,
-    their gradients). glibc serves those with fresh mmaps and unmaps them on free, so every batch
-    paid a page fault per 4 KiB page: an elementwise op on a 15k x 256 layer took 2.5 ms on fresh
-    memory and 0.6 ms on reused memory here, and the model step went from 86 to 68 ms with the
-    fused ops. Transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE``, set by the launcher)
-    cut the fault count for what is still mapped fresh. Call it at the start of a rank.
+    their gradients). glibc serves blocks that large with fresh mmaps and unmaps them on free
+    (its largest mmap threshold, 32 MiB, is below a batch's feature gather), so every batch paid
+    a page fault per 4 KiB page: an elementwise op on a 15k x 256 layer took 2.5 ms on fresh
+    memory and 0.6 ms on reused memory here, and the model step went from 86 to 68 ms together
+    with the fused ops. So large blocks come from the heap, and the heap is not trimmed: freed
+    memory stays in the process for reuse and is not handed back before exit (peak memory of
+    a training job did not change). Transparent huge pages (torch's ``THP_MEM_ALLOC_ENABLE``,
+    set by the launcher) cut the fault count for what is still mapped fresh.
+
+    Returns whether glibc took the settings (False with another allocator or libc).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (macOS, musl): leave its allocator alone
-        return
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl): leave its allocator alone
+        return False
     m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
-    libc.mallopt(m_mmap_max, 0)  # large blocks from the heap, so they can be reused...
-    libc.mallopt(m_trim_threshold, 2**31 - 1)  # ...and kept when freed (up to 2 GiB of them)
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
@@ -178,12 +183,13 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     baselines: see :func:`tune_cpu_allocator`).
     """
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    if tune_allocator:
-        # torch reads this once, at its first allocation: it must be in the ranks' starting
-        # environment.
-        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # torch reads this once, at its first allocation: it must be in the ranks' starting
+    # environment. A baseline runs without it (whatever this process was given), a tuned run
+    # with it unless the user chose otherwise.
     # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
     report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")
+    thp_before = os.environ.get("THP_MEM_ALLOC_ENABLE")
+    os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
         mp.start_processes(_rank_entry, args=(fn, list(devices), init_method, timeout_s,
                                               report_dir, tune_allocator, args),
@@ -199,3 +205,7 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
         raise RankFailed(f"rank {e.error_index} {how}{hint}") from None
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
+        if thp_before is None:
+            os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
+        else:
+            os.environ["THP_MEM_ALLOC_ENABLE"] = thp_before

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
                    help="seconds a collective may wait for a peer before the job fails")
     p.add_argument("--amp", choices=["none", "bf16"], default=d.amp,
-                   help="bf16 autocast for the model (CPU with AVX512-BF16/AMX, or GPU)")
+                   help="bf16 autocast for the model, features stored in bf16 (CPU with "
+                        "AVX512-BF16/AMX, or GPU)")
     p.add_argument("--inference", choices=["sampled", "layerwise"], default=d.inference,
                    help="layerwise: also evaluate the best model exactly (all neighbours, layer "
                         "by layer over all nodes, sharded across ranks)")

@@ -60,8 +60,8 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
     Args:
         model: The (unwrapped) GraphSAGE, on ``device``.
         graph: The graph; its tensors stay where they are (CSC slices move per batch), except the
-            features, which are moved to ``device`` once (no copy when that is the CPU and they
-            are float32 already).
+            features, which are moved to ``device`` once (no copy when that is the CPU). Features
+            stored in bf16 are computed on in float32, a batch's rows at a time.
         rank: This rank, in ``[0, world_size)``.
         world_size: Number of ranks sharing the work.
         batch_size: Destination nodes per step; a step also touches all their in-edges.
@@ -88,8 +88,7 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
     first_row = rank * slice_rows  # where this rank's slice lands in the gathered layer
     colptr, row = graph.colptr, graph.row
 
-    # Layer 0's input (unpadded, so node id == row), in float32 even when stored in bf16.
-    h = graph.x.to(device, torch.float32)
+    h = graph.x.to(device)  # layer 0's input; unpadded, so node id == row
     padded = False
     for i, conv in enumerate(model.convs):
         # Padding rows stay uninitialized: no edge ever reads them.
@@ -104,8 +103,13 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
             if padded:
                 src = gathered_rows(src, num_nodes, world_size)
             in_row = out_row if padded else b0
-            x_dst = h[in_row:in_row + b1 - b0]
-            y = conv((h, x_dst), torch.stack([src, dst]), size=(h.size(0), b1 - b0))
+            x_src, x_dst = h, h[in_row:in_row + b1 - b0]
+            if h.dtype != torch.float32:
+                # Features stored in bf16 (--amp bf16): cast only the rows this batch reads, so
+                # that exact inference never holds a float32 copy of all of them.
+                rows, src = torch.unique(src, return_inverse=True)
+                x_src, x_dst = h.index_select(0, rows).float(), x_dst.float()
+            y = conv((x_src, x_dst), torch.stack([src, dst]), size=(x_src.size(0), b1 - b0))
             if i < len(model.convs) - 1:
                 y = F.relu(y)
             out[out_row:out_row + b1 - b0] = y

@@ -48,9 +48,13 @@ class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, keep_bytes: int) -> Tensor:
         scale = 256.0 / keep_bytes
-        # float32 keeps 0..255 and the subtraction exact; only the final scaling rounds.
-        mask = _random_bytes(x).to(torch.float32).neg_().add_(keep_bytes).clamp_(0, 1)
-        y = torch.relu(x).mul_(mask.mul_(scale).to(x.dtype))
+        # 0/1 mask: exact in any float type (integers up to 256). The scale is applied by an
+        # in-place multiply with a Python float, which rounds each product once instead of
+        # rounding the scale itself to bf16 (256 / 205 would become 1.25, a 0.1% bias).
+        mask = _random_bytes(x).to(x.dtype).neg_().add_(keep_bytes).clamp_(0, 1)
+        y = torch.relu(x).mul_(mask)
+        if scale != 1.0:
+            y.mul_(scale)
         ctx.scale = scale
         ctx.save_for_backward(y)
         return y
@@ -58,7 +62,7 @@ class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (y,) = ctx.saved_tensors
-        return grad * torch.sign(y).mul_(ctx.scale), None
+        return (grad * torch.sign(y)).mul_(ctx.scale), None
 
 
 def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -73,6 +77,9 @@ def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, adj_t: Tensor) -> Tensor:
     """PyG's ``SAGEConv(aggr="mean")`` forward on a CSR adjacency, with its own parameters.
+
+    Only for the defaults :class:`GraphSAGE` builds (no ``normalize``, ``project`` or
+    ``root_weight=False``); the result equals ``conv((x_src, x_dst), adj_t)`` (tested).
 
     ``lin_l(mean of neighbours) + lin_r(x_dst)`` as one matmul plus one accumulating matmul:
     PyG's version also allocates and adds the two products (a full extra pass over the layer).

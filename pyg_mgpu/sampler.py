@@ -84,13 +84,13 @@ class NativeNeighborSampler(BaseSampler):
         lookup = self._lookup
 
         nodes = [seeds]
-        lookup.index_copy_(0, seeds, torch.arange(seeds.numel(), device=device))
         num_nodes = seeds.numel()
         frontier, frontier_start = seeds, 0
         rows, cols, edges = [], [], []
         num_sampled_nodes, num_sampled_edges = [seeds.numel()], []
         touched = None  # this hop's neighbours: their lookup entries may be mid-update
         try:
+            lookup.index_copy_(0, seeds, torch.arange(seeds.numel(), device=device))
             for fanout in self.fanouts:
                 local_dst, edge_id = self._sample_hop(frontier, fanout)
                 touched = nbr = self.row.index_select(0, edge_id)

@@ -43,10 +43,11 @@ class StageTimer:
     """Seconds spent per training stage, for ``--profile`` and metrics.json.
 
     Stages: ``sample`` (the sampler, when it runs in this process), ``gather`` (features, labels
-    and batch assembly; ``load`` instead when DataLoader workers sample and gather, and only the
-    wait is seen here), ``forward``, ``backward`` (gradient computation), ``allreduce`` (from a
-    gradient bucket's all-reduce being issued to its result, the wait for the slowest rank
-    included) and ``optimizer``.
+    and batch assembly; ``load`` instead when DataLoader workers or PyG's sampler do the
+    sampling, and only the wait for the batch is seen here), ``forward``, ``backward`` (gradient
+    computation), ``allreduce`` (CPU ranks: from DDP issuing a gradient bucket's all-reduce to
+    its result, the wait for the slowest rank included; on GPUs it stays inside ``backward``)
+    and ``optimizer``.
     """
 
     device: torch.device
@@ -54,35 +55,61 @@ class StageTimer:
     seconds: dict = field(default_factory=lambda: defaultdict(float))
     _last: float = 0.0
     _nested: float = 0.0  # seconds of stages timed elsewhere since the last lap
+    _intervals: list = field(default_factory=list)  # (start, end) of all-reduces in this lap
 
     def start(self) -> None:
         self._last = time.perf_counter()
         self._nested = 0.0
+        self._intervals.clear()
 
     def add(self, stage: str, seconds: float) -> None:
-        """A stage timed inside the current lap (sampling, all-reduce); the lap excludes it."""
+        """A stage timed inside the current lap (sampling); the lap excludes it."""
         self.seconds[stage] += seconds
         self._nested += seconds
+
+    def add_interval(self, start: float, end: float) -> None:
+        """An all-reduce that ran from ``start`` to ``end`` (``perf_counter``), from any thread.
+
+        Overlapping buckets count once (their union); with several buckets, all-reduce time
+        that overlaps gradient computation counts as all-reduce.
+        """
+        self._intervals.append((start, end))  # list.append is atomic: no lock needed
 
     def lap(self, stage: str) -> None:
         if self.sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
+        if self._intervals:
+            self.add("allreduce", _union_length(self._intervals))
+            self._intervals.clear()
         self.seconds[stage] += now - self._last - self._nested
         self._last, self._nested = now, 0.0
 
 
-def time_allreduce(ddp: DistributedDataParallel, timer: StageTimer) -> None:
-    """DDP's default gradient all-reduce, with each bucket's time recorded as ``allreduce``.
+def _union_length(intervals: list) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
-    DDP waits for the hook's result before ``backward()`` returns, so the time is in ``timer``
-    by the next lap.
+
+def time_allreduce(ddp: DistributedDataParallel, timer: StageTimer) -> None:
+    """DDP's default gradient all-reduce, each bucket's run recorded in ``timer``.
+
+    CPU (gloo) only: DDP waits for the hook's result before ``backward()`` returns, so the time
+    is known by the next lap. NCCL marks the result ready when the all-reduce is queued on the
+    GPU, so there the hook would time only the launch; GPU ranks leave DDP's hook alone.
     """
+    if next(ddp.module.parameters()).is_cuda:
+        return
+
     def hook(_, bucket):
         start = time.perf_counter()
 
         def finished(fut):
-            timer.add("allreduce", time.perf_counter() - start)
+            timer.add_interval(start, time.perf_counter())
             return fut.value()
         return allreduce_hook(None, bucket).then(finished)
     ddp.register_comm_hook(None, hook)

@@ -48,6 +48,17 @@ def test_equals_the_untrimmed_model_on_the_full_graph(num_layers):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_bf16_stored_features_give_the_float32_model_on_rounded_features():
+    graph = small_graph()
+    model = make_model(graph, 2)
+    rounded = graph.x.to(torch.bfloat16)
+    expected = model(rounded.float(), graph.edge_index())
+    graph.x = rounded  # as --amp bf16 stores them
+    got = layerwise_logits(model, graph, rank=0, world_size=1, batch_size=100, device=CPU)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_ignores_dropout_and_leaves_the_training_flag():
     graph = small_graph()
     model = make_model(graph, 2).train()

@@ -105,3 +105,25 @@ def test_pyg_sampler_batches_train_the_model():
     model = GraphSAGE(8, 16, g.num_classes, 2)
     batch = next(iter(loader))
     assert _forward(model, batch).shape == (64, g.num_classes)
+
+
+def test_sage_layer_equals_pyg_sageconv_under_bf16_autocast_with_gradients():
+    from pyg_mgpu.model import _csr_adjacency, _dst_pointers, sage_layer
+    from torch_geometric.nn import SAGEConv
+    torch.manual_seed(0)
+    conv = SAGEConv(16, 32, aggr="mean")
+    x = torch.randn(300, 16)
+    src, dst = torch.randint(0, 300, (2000,)), torch.randint(0, 100, (2000,)).sort().values
+    adj_t = _csr_adjacency(_dst_pointers(dst, 100), src, (100, 300), x.dtype)
+    outputs, grads = [], []
+    for ours in (True, False):
+        conv.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = sage_layer(conv, x, x[:100], adj_t) if ours else conv((x, x[:100]), adj_t)
+        out.float().square().sum().backward()
+        outputs.append(out.float())
+        grads.append([p.grad.clone() for p in conv.parameters()])
+    # bf16 rounding differs (PyG rounds each product before adding): compare at bf16 precision.
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=2e-2, atol=2e-2)
+    for a, b in zip(*grads):  # sums of many bf16 products: compare as whole tensors
+        assert (a - b).norm() <= 0.02 * b.norm()

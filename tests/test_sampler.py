@@ -178,3 +178,24 @@ def test_same_sample_whatever_the_thread_count():
     for run in runs[1:]:
         for a, b in zip(runs[0], run):
             assert torch.equal(a.node, b.node) and torch.equal(a.edge, b.edge)
+
+
+def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
+    sampler = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=0)
+    calls = []
+
+    def fail_on_second_hop(nbr, lookup):  # after hop 1 is recorded, mid-update of hop 2
+        calls.append(1)
+        if len(calls) == 2:
+            lookup.scatter_reduce_(0, nbr, torch.zeros_like(nbr), reduce="amin")
+            raise RuntimeError("injected")
+        return original(nbr, lookup)
+    original = NativeNeighborSampler._first_occurrences
+    monkeypatch.setattr(NativeNeighborSampler, "_first_occurrences",
+                        staticmethod(fail_on_second_hop))
+    with pytest.raises(RuntimeError, match="injected"):
+        sampler.sample(torch.arange(100))
+    assert (sampler._lookup == torch.iinfo(torch.int64).max).all()
+    monkeypatch.undo()
+    seeds = torch.arange(100, 150)
+    check_output(graph, sampler.sample(seeds), seeds, [5, 5])

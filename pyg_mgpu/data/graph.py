@@ -169,7 +169,9 @@ class GraphStore:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp.npz")
-        arrays = {k: v.numpy() for k, v in self.tensors().items() if k in NPZ_KEYS}
+        # numpy has no bfloat16: features stored so for a bf16 run are written as float32.
+        arrays = {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+                  for k, v in self.tensors().items() if k in NPZ_KEYS}
         arrays["edge_index"] = self.edge_index().numpy()
         np.savez(tmp, num_classes=np.int64(self.num_classes), **arrays)
         tmp.replace(path)
