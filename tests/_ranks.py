@@ -49,3 +49,9 @@ def fail_on_rank_one(ctx):
     if ctx.rank == 1:
         raise RuntimeError("boom from the test")
     dist.barrier()  # rank 0 would wait here forever if the failure did not end the job
+
+
+def disagree_on_steps(ctx):
+    from pyg_mgpu.trainer import check_equal_steps
+    check_equal_steps(5, ctx)  # equal: passes
+    check_equal_steps(10 + ctx.rank, ctx)  # a sharding bug would look like this

@@ -55,6 +55,14 @@ def test_failed_rank_ends_the_job_with_its_traceback():
     assert time.monotonic() - start < 60
 
 
+def test_unequal_step_counts_fail_fast_instead_of_hanging():
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as err:
+        launch_local(_ranks.disagree_on_steps, CPU2, timeout_s=120)
+    assert "between 10 and 11 training steps" in str(err.value)
+    assert time.monotonic() - start < 60
+
+
 def test_device_resolution_errors_are_actionable():
     assert resolve_devices("cpu", 3) == [torch.device("cpu")] * 3
     if not torch.cuda.is_available():
