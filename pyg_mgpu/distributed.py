@@ -183,11 +183,11 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     baselines: see :func:`tune_cpu_allocator`).
     """
     init_method = f"tcp://127.0.0.1:{free_port()}"
+    # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
+    report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")
     # torch reads this once, at its first allocation: it must be in the ranks' starting
     # environment. A baseline runs without it (whatever this process was given), a tuned run
     # with it unless the user chose otherwise.
-    # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
-    report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")
     thp_before = os.environ.get("THP_MEM_ALLOC_ENABLE")
     os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
