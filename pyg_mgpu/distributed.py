@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import gc
 import os
 import shutil
 import socket
@@ -136,13 +137,27 @@ def tune_cpu_allocator() -> bool:
 
     Returns whether glibc took the settings (False with another allocator or libc).
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl): leave its allocator alone
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:  # not glibc (macOS, musl): leave its allocator alone
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def release_free_heap() -> None:
+    """Hands the loading temporaries' freed heap back to the OS (glibc keeps it otherwise),
+    so the parent holds little more than the shared graph while the ranks train."""
+    gc.collect()
+    malloc_trim = _glibc_function("malloc_trim")
+    if malloc_trim is not None:  # not glibc: nothing to trim
+        malloc_trim(0)
+
+
+def _glibc_function(name: str) -> Callable | None:
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
 
 
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,

@@ -95,7 +95,8 @@ def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
     from .checkpoint import check_resumable
     from .data.datasets import load_configured
-    from .distributed import launch_local, launched_by_torchrun, resolve_devices, usable_cores
+    from .distributed import (launch_local, launched_by_torchrun, release_free_heap,
+                              resolve_devices, usable_cores)
     from .loader import resolve_sampler
     from .sharding import check_shardable
 
@@ -125,19 +126,6 @@ def run(cfg: TrainConfig) -> Path:
     from .report import plot_run
     plot_run(out)
     return out
-
-
-def release_free_heap() -> None:
-    """Hands the loading temporaries' freed heap back to the OS (glibc keeps it otherwise),
-    so the parent holds little more than the shared graph while the ranks train."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
