@@ -52,9 +52,7 @@ class _ReLUDropout(torch.autograd.Function):
         # in-place multiply with a Python float, which rounds each product once instead of
         # rounding the scale itself to bf16 (256 / 205 would become 1.25, a 0.1% bias).
         mask = _random_bytes(x).to(x.dtype).neg_().add_(keep_bytes).clamp_(0, 1)
-        y = torch.relu(x).mul_(mask)
-        if scale != 1.0:
-            y.mul_(scale)
+        y = torch.relu(x).mul_(mask).mul_(scale)
         ctx.scale = scale
         ctx.save_for_backward(y)
         return y
