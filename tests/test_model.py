@@ -3,8 +3,16 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.loader import pyg_sampler_available
 from pyg_mgpu.model import GraphSAGE
 from pyg_mgpu.sampler import NativeNeighborSampler
+
+
+def small_batch():
+    """A 2-hop [5, 5] sample of 32 seeds: (graph, sampler output, features, edge_index)."""
+    g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
+    out = NativeNeighborSampler(g.colptr, g.row, [5, 5], seed=0).sample(torch.arange(32))
+    return g, out, g.x[out.node], torch.stack([out.row, out.col])
 
 
 def test_trimmed_equals_untrimmed_on_seeds():
@@ -21,9 +29,7 @@ def test_trimmed_equals_untrimmed_on_seeds():
 
 
 def test_trimmed_gradients_match():
-    g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
-    out = NativeNeighborSampler(g.colptr, g.row, [5, 5], seed=0).sample(torch.arange(32))
-    x, edge_index = g.x[out.node], torch.stack([out.row, out.col])
+    g, out, x, edge_index = small_batch()
     grads = []
     for counts in ((None, None), (out.num_sampled_nodes, out.num_sampled_edges)):
         torch.manual_seed(0)
@@ -35,9 +41,7 @@ def test_trimmed_gradients_match():
 
 
 def test_sparse_and_scatter_aggregation_agree():
-    g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
-    out = NativeNeighborSampler(g.colptr, g.row, [5, 5], seed=0).sample(torch.arange(32))
-    x, edge_index = g.x[out.node], torch.stack([out.row, out.col])
+    g, out, x, edge_index = small_batch()
     outputs = []
     for sparse in (True, False):
         torch.manual_seed(0)
@@ -83,9 +87,7 @@ def test_batches_without_hop_counts_run_untrimmed():
     from torch_geometric.data import Data
 
     from pyg_mgpu.trainer import _forward
-    g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
-    out = NativeNeighborSampler(g.colptr, g.row, [5, 5], seed=0).sample(torch.arange(32))
-    x, edge_index = g.x[out.node], torch.stack([out.row, out.col])
+    g, out, x, edge_index = small_batch()
     model = GraphSAGE(8, 16, g.num_classes, 2).eval()
     with_counts = Data(x=x, edge_index=edge_index, batch_size=32,
                        num_sampled_nodes=out.num_sampled_nodes,
@@ -95,7 +97,7 @@ def test_batches_without_hop_counts_run_untrimmed():
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not __import__("pyg_mgpu.loader", fromlist=["x"]).pyg_sampler_available(),
+@pytest.mark.skipif(not pyg_sampler_available(),
                     reason="PyG's sampler needs pyg-lib or torch-sparse (docs/benchmarks.md)")
 def test_pyg_sampler_batches_train_the_model():
     from pyg_mgpu.loader import make_loader
