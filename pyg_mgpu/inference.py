@@ -96,7 +96,7 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
         for b0 in range(start, end, batch_size):
             b1 = min(b0 + batch_size, end)
             e0, e1 = int(colptr[b0]), int(colptr[b1])
-            src = row[e0:e1].to(device)
+            src = row[e0:e1].to(device, torch.long)
             dst = torch.repeat_interleave(torch.arange(b1 - b0, device=device),
                                           (colptr[b0 + 1:b1 + 1] - colptr[b0:b1]).to(device))
             out_row = first_row + b0 - start

@@ -93,7 +93,8 @@ class NativeNeighborSampler(BaseSampler):
             lookup.index_copy_(0, seeds, torch.arange(seeds.numel(), device=device))
             for fanout in self.fanouts:
                 local_dst, edge_id = self._sample_hop(frontier, fanout)
-                touched = nbr = self.row.index_select(0, edge_id)
+                # int64 from here on: scatter and index_copy take no int32 index.
+                touched = nbr = self.row.index_select(0, edge_id).long()
                 new_nodes = self._first_occurrences(nbr, lookup)
                 lookup.index_copy_(0, new_nodes, torch.arange(
                     num_nodes, num_nodes + new_nodes.numel(), device=device))

@@ -17,6 +17,7 @@ import torch
 from pyg_mgpu.data import (DATASETS, DatasetError, GraphStore, SyntheticSpec, load_dataset,
                            make_synthetic)
 from pyg_mgpu.data.datasets import CACHE_ENV
+from pyg_mgpu.data.graph import node_index_dtype
 
 SMALL = SyntheticSpec(num_nodes=300, num_edges=3_000, num_features=8, num_classes=4)
 
@@ -101,6 +102,13 @@ def test_synthetic_splits_labels_and_csc():
     again = GraphStore.from_edge_index("again", g.edge_index(), g.x, g.y, g.train_idx,
                                        g.val_idx, g.test_idx, g.num_classes)
     assert torch.equal(again.colptr, g.colptr) and torch.equal(again.row, g.row)
+    # Node ids fit in int32, so the CSC indices take half the bytes; edge lists stay int64.
+    assert g.row.dtype == torch.int32 and g.edge_index().dtype == torch.long
+
+
+def test_node_ids_beyond_int32_keep_int64_indices():
+    assert node_index_dtype(2**31 - 1) == torch.int32
+    assert node_index_dtype(2**31) == torch.int64
 
 
 # Planetoid, from the shared offline copy.

@@ -120,6 +120,18 @@ def test_same_seed_same_sample(graph):
     assert torch.equal(a.node, b.node) and torch.equal(a.row, b.row)
 
 
+def test_int32_and_int64_rows_sample_the_same(graph):
+    # Graphs store `row` as int32 when node ids fit; the sample must not depend on it.
+    assert graph.row.dtype == torch.int32
+    seeds = torch.arange(0, 3000, 7)
+    a = NativeNeighborSampler(graph.colptr, graph.row, [10, 5], seed=7).sample(seeds)
+    b = NativeNeighborSampler(graph.colptr, graph.row.long(), [10, 5], seed=7).sample(seeds)
+    for name in ("node", "row", "col", "edge"):
+        assert getattr(a, name).dtype == torch.long
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    check_output(graph, a, seeds, [10, 5])
+
+
 def test_pickles_for_workers_without_scratch(graph):
     sampler = NativeNeighborSampler(graph.colptr, graph.row, [5], seed=0)
     sampler.sample(torch.arange(10))

@@ -34,7 +34,8 @@ class GraphStore:
         name: Dataset name, for logs and metrics.
         colptr: ``[N + 1]`` int64 CSC pointers: the in-neighbours of node ``v`` are
             ``row[colptr[v]:colptr[v + 1]]``.
-        row: ``[E]`` int64 source node of each edge, grouped by destination.
+        row: ``[E]`` source node of each edge, grouped by destination: int32 whenever node ids
+            fit (half the shared memory and bytes read per sampled edge), else int64.
         x: ``[N, F]`` float32 node features (bfloat16 for runs with ``--amp bf16``).
         y: ``[N]`` int64 labels in ``[0, num_classes)``.
         train_idx, val_idx, test_idx: int64 node ids of each split (disjoint).
@@ -108,7 +109,7 @@ class GraphStore:
     def edge_index(self) -> Tensor:
         """``[2, E]`` (source, destination) edge list, in CSC order."""
         dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
-        return torch.stack([self.row, dst])
+        return torch.stack([self.row.long(), dst])
 
     def summary(self) -> str:
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
@@ -154,7 +155,7 @@ class GraphStore:
         return cls(
             name=name,
             colptr=colptr,
-            row=src[order].contiguous(),
+            row=src[order].to(node_index_dtype(num_nodes)).contiguous(),
             x=x.float().contiguous(),
             y=y.contiguous(),
             train_idx=splits[0].view(-1).long().contiguous(),
@@ -176,6 +177,11 @@ class GraphStore:
         np.savez(tmp, num_classes=np.int64(self.num_classes), **arrays)
         tmp.replace(path)
         return path
+
+
+def node_index_dtype(num_nodes: int) -> torch.dtype:
+    """The narrowest integer type that holds every node id of a graph with ``num_nodes``."""
+    return torch.int32 if num_nodes <= torch.iinfo(torch.int32).max else torch.int64
 
 
 def _validate(name: str, edge_index: Tensor, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
