@@ -40,6 +40,7 @@ class TrainConfig:
     out: Optional[str] = None
     sampler: str = "auto"
     num_workers: int = 0
+    prefetch: Optional[int] = None  # None: 1 batch ahead on GPU ranks, off on CPU ranks
     timeout_s: float = 300.0
     amp: str = "none"
     graph_on: str = "auto"
@@ -93,6 +94,8 @@ class TrainConfig:
                               f"got {self.recipe!r}.")
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        if self.prefetch is not None and self.prefetch < 0:
+            raise ConfigError(f"--prefetch must be >= 0 (0 turns it off), got {self.prefetch}.")
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
 

@@ -32,6 +32,7 @@ from .distributed import RankContext
 from .inference import exact_accuracy, layerwise_logits
 from .loader import EpochBatchSampler, make_loader, place_graph, resolve_sampler
 from .model import GraphSAGE
+from .prefetch import Prefetcher
 from .sharding import eval_shard
 
 HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_acc", "epoch_time_s", "eval_time_s")
@@ -154,30 +155,37 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     loss_sum = MeanMetric(sync_on_compute=True).to(ctx.device)
     accuracy = MulticlassAccuracy(num_classes, average="micro",
                                   sync_on_compute=True).to(ctx.device)
-    batches = tqdm(loader, desc=f"epoch {epoch}", disable=not ctx.is_main, leave=False,
-                   dynamic_ncols=True)
     check_equal_steps(len(loader), ctx)
-    # The sampler's own clock splits loading into sampling and gathering when it runs here.
-    sampler = loader.node_sampler if loader.num_workers == 0 else None
+    depth = cfg.prefetch if cfg.prefetch is not None else int(ctx.device.type == "cuda")
+    prefetcher = Prefetcher(loader, ctx.device, depth) if depth else None
+    batches = tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
+                   disable=not ctx.is_main, leave=False, dynamic_ncols=True)
+    # The sampler's own clock splits loading into sampling and gathering when it runs in this
+    # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
+    sampler = loader.node_sampler if loader.num_workers == 0 and not prefetcher else None
     sampler_busy = getattr(sampler, "busy_s", None)
-    timer.start()
-    for batch in batches:
-        batch = batch.to(ctx.device, non_blocking=True)
-        y = batch.y[:batch.batch_size]
-        if sampler_busy is not None:
-            timer.add("sample", sampler.busy_s - sampler_busy)
-            sampler_busy = sampler.busy_s
-        timer.lap("gather" if sampler_busy is not None else "load")
-        optimizer.zero_grad(set_to_none=True)
-        out = _forward(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
-        loss = F.cross_entropy(out, y)
-        timer.lap("forward")
-        loss.backward()  # DDP's gradient all-reduce overlaps this (timed by its hook)
-        timer.lap("backward")
-        optimizer.step()
-        loss_sum.update(loss.detach(), weight=y.numel())
-        accuracy.update(out.detach(), y)
-        timer.lap("optimizer")
+    try:
+        timer.start()
+        for batch in batches:
+            batch = batch.to(ctx.device, non_blocking=True)
+            y = batch.y[:batch.batch_size]
+            if sampler_busy is not None:
+                timer.add("sample", sampler.busy_s - sampler_busy)
+                sampler_busy = sampler.busy_s
+            timer.lap("gather" if sampler_busy is not None else "load")
+            optimizer.zero_grad(set_to_none=True)
+            out = _forward(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
+            loss = F.cross_entropy(out, y)
+            timer.lap("forward")
+            loss.backward()  # DDP's gradient all-reduce overlaps this (timed by its hook)
+            timer.lap("backward")
+            optimizer.step()
+            loss_sum.update(loss.detach(), weight=y.numel())
+            accuracy.update(out.detach(), y)
+            timer.lap("optimizer")
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
     return float(loss_sum.compute()), float(accuracy.compute())
 
 

@@ -112,6 +112,22 @@ def test_pyg_recipe_and_bf16_variants_train(tmp_path):
     assert 0.0 <= metrics["test_acc_exact"] <= 1.0
 
 
+@pytest.mark.slow
+def test_prefetching_changes_timing_not_results(tmp_path):
+    runs = {}
+    for depth in ("0", "2"):
+        out = tmp_path / depth
+        assert main(TINY + ["--epochs", "2", "--devices", "cpu", "--nprocs", "2",
+                            "--prefetch", depth, "--out", str(out)]) == 0
+        runs[depth] = json.loads((out / "metrics.json").read_text())
+    for field in ("train_loss", "train_acc", "val_acc"):
+        assert [e[field] for e in runs["0"]["epochs"]] == [e[field] for e in runs["2"]["epochs"]]
+    assert runs["0"]["test_acc"] == runs["2"]["test_acc"]
+    # Sampling runs in the background thread: this thread only sees the wait for a batch.
+    assert set(runs["2"]["epochs"][0]["stage_times_s"]) == {"load", "forward", "backward",
+                                                            "allreduce", "optimizer"}
+
+
 def test_full_shared_memory_is_a_clear_error(tmp_path, capsys, monkeypatch):
     import shutil
     from collections import namedtuple

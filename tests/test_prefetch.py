@@ -1,0 +1,79 @@
+"""The background prefetcher: same batches in the same order, errors surface, early exit stops it."""
+import threading
+import time
+
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from pyg_mgpu.prefetch import Prefetcher
+
+CPU = torch.device("cpu")
+
+
+def batches(n):
+    for i in range(n):
+        yield Data(x=torch.full((3, 2), float(i)), batch_size=3)
+
+
+def test_yields_every_batch_in_order():
+    with Prefetcher(batches(7), CPU, depth=2) as prefetcher:
+        got = [int(b.x[0, 0]) for b in prefetcher]
+    assert got == list(range(7))
+
+
+def test_runs_ahead_in_another_thread():
+    seen = []
+
+    def recording(n):
+        for b in batches(n):
+            seen.append(threading.current_thread().name)
+            yield b
+    with Prefetcher(recording(3), CPU, depth=1) as prefetcher:
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # nothing consumed yet: one batch queued, the next one in hand
+        assert len(seen) == 2
+        assert list(prefetcher) and len(seen) == 3
+    assert set(seen) == {"pyg_mgpu-prefetch"}
+
+
+def test_an_error_while_loading_reaches_the_training_loop():
+    def failing():
+        yield from batches(2)
+        raise RuntimeError("sampler broke")
+    got = []
+    with pytest.raises(RuntimeError, match="sampler broke"):
+        with Prefetcher(failing(), CPU) as prefetcher:
+            for b in prefetcher:
+                got.append(int(b.x[0, 0]))
+    assert got == [0, 1]  # the batches before the failure were all delivered
+
+
+def test_leaving_early_stops_the_thread():
+    def endless():
+        i = 0
+        while True:
+            yield Data(x=torch.tensor([float(i)]))
+            i += 1
+    prefetcher = Prefetcher(endless(), CPU, depth=2)
+    for b in prefetcher:
+        if float(b.x) == 3:
+            break
+    prefetcher.close()
+    assert not prefetcher._thread.is_alive()
+
+
+def test_rejects_a_depth_below_one():
+    with pytest.raises(ValueError, match="depth"):
+        Prefetcher(batches(1), CPU, depth=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_copies_to_the_gpu_on_a_side_stream():
+    device = torch.device("cuda", 0)
+    with Prefetcher(batches(5), device, depth=2) as prefetcher:
+        got = list(prefetcher)
+    assert all(b.x.is_cuda for b in got)
+    assert [int(b.x[0, 0]) for b in got] == list(range(5))
