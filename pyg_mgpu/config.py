@@ -44,6 +44,7 @@ class TrainConfig:
     timeout_s: float = 300.0
     amp: str = "none"
     graph_on: str = "auto"
+    feature_cache_gb: Optional[float] = None  # None: up to a quarter of free GPU memory
     inference: str = "sampled"
     resume: Optional[str] = None
     recipe: str = "pyg_mgpu"
@@ -94,6 +95,9 @@ class TrainConfig:
                               f"got {self.recipe!r}.")
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        if self.feature_cache_gb is not None and not self.feature_cache_gb >= 0:
+            raise ConfigError(f"--feature-cache-gb must be >= 0 (0 turns the cache off), got "
+                              f"{self.feature_cache_gb}.")
         if self.prefetch is not None and self.prefetch < 0:
             raise ConfigError(f"--prefetch must be >= 0 (0 turns it off), got {self.prefetch}.")
         if not self.timeout_s > 0:

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-on", choices=["auto", "cpu", "gpu"], default=d.graph_on,
                    help="where GPU ranks keep graph and features: auto = on the GPU if it fits "
                         "in half its free memory, else shared host memory")
+    p.add_argument("--feature-cache-gb", type=float, default=d.feature_cache_gb,
+                   help="GPU ranks with the graph in host memory cache the most-sampled feature "
+                        "rows on the GPU, up to this size; default: up to a quarter of the free "
+                        "GPU memory; 0 turns it off")
     p.add_argument("--recipe", choices=["pyg_mgpu", "pyg"], default=d.recipe,
                    help="pyg = PyG's example model as written (untrimmed), the benchmark baseline")
     p.add_argument("--resume", default=d.resume, metavar="RUN_DIR",

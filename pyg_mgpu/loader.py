@@ -13,6 +13,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import NodeLoader
 
 from .data.graph import GraphStore
+from .feature_cache import FeatureCache, out_degree
 from .sampler import NativeNeighborSampler
 from .sharding import epoch_batches, steps_per_epoch
 
@@ -80,24 +81,47 @@ def place_graph(graph: GraphStore, device: torch.device, placement: str) -> Grap
     return GraphStore(name=graph.name, num_classes=graph.num_classes, **moved)
 
 
+def make_feature_cache(graph: GraphStore, device: torch.device,
+                       budget_gb: Optional[float]) -> Optional[FeatureCache]:
+    """A GPU cache of the most-sampled feature rows for a rank whose graph stayed on the host.
+
+    ``budget_gb`` caps its size; None takes up to a quarter of the card's free memory (the rest
+    is for activations and the allocator), 0 turns the cache off.
+    """
+    if device.type != "cuda" or graph.x.is_cuda or budget_gb == 0:
+        return None
+    if budget_gb is None:
+        budget = torch.cuda.mem_get_info(device)[0] // 4
+    else:
+        budget = int(budget_gb * 2**30)
+    row_bytes = graph.num_features * graph.x.element_size()
+    return FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), device,
+                        max_rows=budget // row_bytes)
+
+
 def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
                 seed: int, batch_size: int, num_workers: int = 0,
-                batch_sampler: Optional[EpochBatchSampler] = None) -> NodeLoader:
+                batch_sampler: Optional[EpochBatchSampler] = None,
+                feature_cache: Optional[FeatureCache] = None) -> NodeLoader:
     """A loader over ``nodes``: sharded epochs with ``batch_sampler``, else in order.
 
-    Features and labels stay in the graph's (shared) memory; each batch gathers its rows.
+    Features and labels stay in the graph's (shared) memory; each batch gathers its rows, the
+    features through ``feature_cache`` when given (in the consuming thread, never in workers).
     """
     on_gpu = graph.x.is_cuda
     if on_gpu:
         num_workers = 0  # sampling runs on the GPU in this process; workers cannot use CUDA
     # The empty edge_index is a slot: PyG fills it with each batch's sampled (row, col).
-    data = Data(x=graph.x, y=graph.y,
-                edge_index=torch.empty(2, 0, dtype=torch.long, device=graph.x.device),
+    data = Data(y=graph.y, edge_index=torch.empty(2, 0, dtype=torch.long, device=graph.x.device),
                 num_nodes=graph.num_nodes)
+    if feature_cache is None:
+        data.x = graph.x
     # Its own generator: iterating a DataLoader draws a seed, and drawing it from the global RNG
     # would shift the dropout stream of whichever rank happens to evaluate.
     loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
-                             filter_per_worker=num_workers > 0,
+                             # Workers may not touch CUDA: the cache's gather runs here.
+                             filter_per_worker=num_workers > 0 and feature_cache is None,
+                             transform=feature_cache.attach if feature_cache else None,
                              generator=torch.Generator().manual_seed(seed),
                              # Host batches bound for a GPU: pinned, so the copy is asynchronous.
                              pin_memory=torch.cuda.is_available() and not on_gpu)

@@ -47,18 +47,27 @@ class Prefetcher:
 
     def _produce(self, batches: Iterator) -> None:
         try:
-            for batch in batches:
-                item = self._to_device(batch)
+            while True:
+                item = self._next_on_device(batches)
+                if item is None:
+                    self._put(_DONE)
+                    return
                 if not self._put(item):
                     return
-            self._put(_DONE)
         except BaseException as error:  # handed to the consumer, which re-raises it
             self._put(_Failure(error))
 
-    def _to_device(self, batch) -> Any:
+    def _next_on_device(self, batches: Iterator) -> Any:
+        """The next batch on the device and the event marking it ready; None at the end."""
         if self._stream is None:
-            return batch.to(self.device), None
+            batch = next(batches, None)
+            return None if batch is None else (batch.to(self.device), None)
+        # Everything for this batch goes on the side stream: sampling when the graph is on the
+        # GPU, the feature cache's gather, the copy. (The current stream is per thread.)
         with torch.cuda.stream(self._stream):
+            batch = next(batches, None)
+            if batch is None:
+                return None
             moved = batch.to(self.device, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(self._stream)

@@ -30,7 +30,9 @@ from .config import TrainConfig
 from .data.graph import GraphStore
 from .distributed import RankContext
 from .inference import exact_accuracy, layerwise_logits
-from .loader import EpochBatchSampler, make_loader, place_graph, resolve_sampler
+from .feature_cache import FeatureCache
+from .loader import (EpochBatchSampler, make_feature_cache, make_loader, place_graph,
+                     resolve_sampler)
 from .model import GraphSAGE
 from .prefetch import Prefetcher
 from .sharding import eval_shard
@@ -206,8 +208,10 @@ def evaluate(model: torch.nn.Module, loader, device: torch.device, num_classes: 
 class Evaluator:
     """Validation/test accuracy on rank 0 alone, or sharded over all ranks."""
 
-    def __init__(self, graph: GraphStore, cfg: TrainConfig, ctx: RankContext, sampler: str):
+    def __init__(self, graph: GraphStore, cfg: TrainConfig, ctx: RankContext, sampler: str,
+                 feature_cache: Optional[FeatureCache] = None):
         self.ctx, self.graph, self.cfg = ctx, graph, cfg
+        self.feature_cache = feature_cache
         self.sharded = cfg.eval_on == "all"
         self.sampler = sampler
 
@@ -218,7 +222,8 @@ class Evaluator:
         # through the batch it lands in, and with fanout -1 not at all.
         return make_loader(self.graph, nodes, fanout=self.cfg.fanout, sampler=self.sampler,
                            seed=self.cfg.seed + 7919,
-                           batch_size=self.cfg.eval_batch_size or self.cfg.batch_size)
+                           batch_size=self.cfg.eval_batch_size or self.cfg.batch_size,
+                           feature_cache=self.feature_cache)
 
     def accuracy(self, model: torch.nn.Module, nodes: torch.Tensor) -> float:
         """The split's accuracy, known on every rank afterwards."""
@@ -296,10 +301,15 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     graph = place_graph(graph, ctx.device, cfg.graph_on)
     batch_sampler = EpochBatchSampler(graph.train_idx.numel(), seed=cfg.seed, rank=ctx.rank,
                                       world_size=ctx.world_size, batch_size=cfg.batch_size)
+    feature_cache = make_feature_cache(graph, ctx.device, cfg.feature_cache_gb)
+    if feature_cache is not None and ctx.is_main:
+        tqdm.write(f"graph in host memory; {feature_cache.num_cached:,} hottest feature rows "
+                   f"({feature_cache.nbytes() / 2**30:.2f} GiB) cached on the GPU")
     train_loader = make_loader(graph, graph.train_idx, fanout=cfg.fanout, sampler=sampler,
                                seed=cfg.seed * 1009 + ctx.rank, batch_size=cfg.batch_size,
-                               num_workers=cfg.num_workers, batch_sampler=batch_sampler)
-    evaluator = Evaluator(graph, cfg, ctx, sampler)
+                               num_workers=cfg.num_workers, batch_sampler=batch_sampler,
+                               feature_cache=feature_cache)
+    evaluator = Evaluator(graph, cfg, ctx, sampler, feature_cache)
 
     history: list[dict] = []
     best = {"val_acc": -1.0, "epoch": 0}
@@ -365,6 +375,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
             "num_nodes": graph.num_nodes,
             "num_edges": graph.num_edges,
             "dataset_bytes": graph.nbytes(),
+            "feature_cache_rows": feature_cache.num_cached if feature_cache else 0,
             "world_size": ctx.world_size,
             "device": ctx.device.type,
             "backend": ctx.backend,

@@ -23,6 +23,8 @@ TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
     (["--devices", "cuda:0,1"] if not torch.cuda.is_available() else ["--devices", "cuda:99"],
      "--devices"),
     (["--devices", "cpu", "--nprocs", "0"], "--nprocs"),
+    (["--feature-cache-gb", "-1"], "--feature-cache-gb"),
+    (["--prefetch", "-1"], "--prefetch"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path)]) == 2
@@ -140,10 +142,15 @@ def test_full_shared_memory_is_a_clear_error(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("graph_on", ["gpu", "cpu"])
-def test_trains_on_one_gpu(tmp_path, graph_on):
+@pytest.mark.parametrize("graph_on, cache_gb, cached_rows", [
+    ("gpu", "0.01", 0),  # features on the GPU already: no cache
+    ("cpu", "0", 0),  # cache turned off: every row copied per batch
+    ("cpu", str(100 * 8 * 4 / 2**30), 100),  # room for exactly 100 rows of 8 float32
+])
+def test_trains_on_one_gpu(tmp_path, graph_on, cache_gb, cached_rows):
     out = tmp_path / graph_on
     assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--graph-on", graph_on,
-                        "--out", str(out)]) == 0
+                        "--feature-cache-gb", cache_gb, "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["device"] == "cuda" and metrics["backend"] == "nccl"
+    assert metrics["feature_cache_rows"] == cached_rows

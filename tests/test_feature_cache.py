@@ -1,0 +1,52 @@
+"""The GPU feature cache serves exactly x[n_id], caching the most-sampled rows (tested on CPU)."""
+import pytest
+import torch
+
+from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.feature_cache import FeatureCache, out_degree
+from pyg_mgpu.loader import make_loader
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return make_synthetic(SyntheticSpec(num_nodes=2000, num_edges=30_000, num_features=6), seed=0)
+
+
+@pytest.mark.parametrize("max_rows", [0, 1, 500, 2000, 10**9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gathers_exactly_the_requested_rows(graph, max_rows, dtype):
+    x = graph.x.to(dtype)
+    cache = FeatureCache(x, out_degree(graph.row, graph.num_nodes), CPU, max_rows)
+    assert cache.num_cached == min(max_rows, graph.num_nodes)
+    n_id = torch.randperm(graph.num_nodes)[:700]
+    got = cache.gather(n_id)
+    assert got.dtype == dtype and torch.equal(got, x[n_id])
+    assert cache.gather(torch.empty(0, dtype=torch.long)).shape == (0, 6)
+
+
+def test_caches_the_most_sampled_nodes(graph):
+    degree = out_degree(graph.row, graph.num_nodes)
+    assert int(degree.sum()) == graph.num_edges
+    cache = FeatureCache(graph.x, degree, CPU, max_rows=100)
+    cached = (cache.slot >= 0).nonzero().squeeze(1)
+    assert cached.numel() == 100
+    # Every cached node is at least as hot as every node left out.
+    assert int(degree[cached].min()) >= int(degree[cache.slot < 0].max())
+    assert torch.equal(cache.rows, graph.x[cached[cache.slot[cached].argsort()]])
+
+
+def test_rejects_hotness_of_the_wrong_shape(graph):
+    with pytest.raises(ValueError, match="one value per node"):
+        FeatureCache(graph.x, torch.ones(5), CPU, 10)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_loader_batches_carry_their_rows(graph, workers):
+    cache = FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), CPU, 300)
+    loader = make_loader(graph, graph.train_idx[:400], fanout=[5, 3], sampler="native",
+                         seed=0, batch_size=128, num_workers=workers, feature_cache=cache)
+    for batch in loader:
+        assert torch.equal(batch.x, graph.x[batch.n_id])
+        assert torch.equal(batch.y, graph.y[batch.n_id])
