@@ -43,6 +43,7 @@ class TrainConfig:
     prefetch: Optional[int] = None  # None: 1 batch ahead on GPU ranks, off on CPU ranks
     timeout_s: float = 300.0
     amp: str = "none"
+    compile: bool = False
     graph_on: str = "auto"
     feature_cache_gb: Optional[float] = None  # None: up to a quarter of free GPU memory
     inference: str = "sampled"

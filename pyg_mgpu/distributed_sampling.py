@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--amp", choices=["none", "bf16"], default=d.amp,
                    help="bf16 autocast for the model, features stored in bf16 (CPU with "
                         "AVX512-BF16/AMX, or GPU)")
+    p.add_argument("--compile", action="store_true", default=d.compile,
+                   help="torch.compile the model (dynamic shapes; inductor fuses ReLU and "
+                        "dropout itself). Meant for GPUs; on CPU it measured slower than the "
+                        "default fused kernels")
     p.add_argument("--inference", choices=["sampled", "layerwise"], default=d.inference,
                    help="layerwise: also evaluate the best model exactly (all neighbours, layer "
                         "by layer over all nodes, sharded across ranks)")

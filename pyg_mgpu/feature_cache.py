@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 _NOT_CACHED = -1
+_CHUNK_ROWS = 1 << 16
 
 
 class FeatureCache:
@@ -38,7 +39,12 @@ class FeatureCache:
         # sampler runs there), so hits and misses are split before anything is copied.
         self.slot = torch.full((x.size(0),), _NOT_CACHED, dtype=torch.int32)
         self.slot[hottest] = torch.arange(num_cached, dtype=torch.int32)
-        self.rows = x.index_select(0, hottest).to(device)
+        # Copied in chunks: a host copy of the whole cache on every rank at once could be tens
+        # of GB.
+        self.rows = torch.empty(num_cached, x.size(1), dtype=x.dtype, device=device)
+        for start in range(0, num_cached, _CHUNK_ROWS):
+            chunk = hottest[start:start + _CHUNK_ROWS]
+            self.rows[start:start + chunk.numel()] = x.index_select(0, chunk).to(device)
         self._pin = device.type == "cuda"
 
     @property

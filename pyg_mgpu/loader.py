@@ -118,13 +118,17 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
         data.x = graph.x
     # Its own generator: iterating a DataLoader draws a seed, and drawing it from the global RNG
     # would shift the dropout stream of whichever rank happens to evaluate.
+    # Workers may not touch CUDA: with the cache, its gather runs in the consuming thread.
+    filter_per_worker = num_workers > 0 and feature_cache is None
     loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
-                             # Workers may not touch CUDA: the cache's gather runs here.
-                             filter_per_worker=num_workers > 0 and feature_cache is None,
+                             filter_per_worker=filter_per_worker,
                              transform=feature_cache.attach if feature_cache else None,
                              generator=torch.Generator().manual_seed(seed),
                              # Host batches bound for a GPU: pinned, so the copy is asynchronous.
-                             pin_memory=torch.cuda.is_available() and not on_gpu)
+                             # DataLoader pins what workers return, which is only the finished
+                             # batch when they also gather its rows (filter_per_worker).
+                             pin_memory=torch.cuda.is_available() and not on_gpu and
+                             filter_per_worker)
     if batch_sampler is not None:
         loader_args["batch_sampler"] = batch_sampler
     else:

@@ -12,6 +12,7 @@ allocator never hands it back early.
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from typing import Any, Iterable, Iterator
@@ -27,7 +28,9 @@ class _Failure:
 
 
 class Prefetcher:
-    """Iterates ``batches`` ``depth`` items ahead in a daemon thread, moving each to ``device``.
+    """Iterates ``batches`` ahead in a daemon thread, moving each to ``device``.
+
+    Up to ``depth`` prepared batches wait in the queue while the thread prepares one more.
 
     Exceptions in the thread re-raise in the consumer at the batch that failed. Leaving the loop
     early (``break`` or an error in training) stops the thread at its next batch: use it as a
@@ -40,13 +43,17 @@ class Prefetcher:
         self.device = device
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._stream = _side_stream(device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._produce, args=(iter(batches),),
                                         name="pyg_mgpu-prefetch", daemon=True)
         self._thread.start()
 
     def _produce(self, batches: Iterator) -> None:
         try:
+            if self._stream is not None:
+                # A new thread starts on GPU 0: without this, every rank would open a CUDA
+                # context there (as DataLoader's pin-memory thread also does).
+                torch.cuda.set_device(self.device)
             while True:
                 item = self._next_on_device(batches)
                 if item is None:
@@ -93,7 +100,7 @@ class Prefetcher:
             if ready is not None:
                 stream = torch.cuda.current_stream(self.device)
                 stream.wait_event(ready)
-                _record_stream(batch, stream)
+                batch.record_stream(stream)  # made on the side stream, used on this one
             yield batch
 
     def close(self) -> None:
@@ -108,8 +115,8 @@ class Prefetcher:
         self.close()
 
 
-def _record_stream(batch, stream) -> None:
-    """Marks every tensor of ``batch`` as used on ``stream`` (made on the side stream)."""
-    for value in (batch.values() if hasattr(batch, "values") else []):
-        if isinstance(value, torch.Tensor) and value.is_cuda:
-            value.record_stream(stream)
+@functools.lru_cache(maxsize=None)
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One side stream per device for the rank's lifetime: every epoch's loading (and the
+    sampler's scratch buffers) stays ordered on the same stream."""
+    return torch.cuda.Stream(device)

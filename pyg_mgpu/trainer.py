@@ -289,8 +289,13 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     sampler = resolve_sampler(cfg.sampler)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     ours = cfg.recipe == "pyg_mgpu"
+    # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
+    # --compile inductor fuses PyG's plain ReLU and dropout instead.
     model = GraphSAGE(graph.num_features, cfg.hidden, graph.num_classes, cfg.num_layers,
-                      cfg.dropout, sparse_aggregation=ours, fast_dropout=ours).to(ctx.device)
+                      cfg.dropout, sparse_aggregation=ours,
+                      fast_dropout=ours and not cfg.compile).to(ctx.device)
+    if cfg.compile:
+        model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)

@@ -115,6 +115,22 @@ def test_pyg_recipe_and_bf16_variants_train(tmp_path):
 
 
 @pytest.mark.slow
+def test_compiled_model_trains_like_the_eager_one(tmp_path):
+    # Without dropout the compiled model computes the same function (up to rounding).
+    runs = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        out = tmp_path / name
+        assert main(TINY + ["--epochs", "2", "--devices", "cpu", "--nprocs", "2", "--dropout",
+                            "0", "--out", str(out)] + extra) == 0
+        runs[name] = json.loads((out / "metrics.json").read_text())
+    assert runs["compiled"]["config"]["compile"] is True
+    assert [e["train_loss"] for e in runs["compiled"]["epochs"]] == pytest.approx(
+        [e["train_loss"] for e in runs["eager"]["epochs"]], rel=1e-4)
+    # Compiled in place: the checkpoint keeps PyG's plain keys.
+    GraphSAGE(8, 16, 4, 2).load_state_dict(torch.load(tmp_path / "compiled" / "best.pt"))
+
+
+@pytest.mark.slow
 def test_prefetching_changes_timing_not_results(tmp_path):
     runs = {}
     for depth in ("0", "2"):

@@ -26,6 +26,13 @@ def test_gathers_exactly_the_requested_rows(graph, max_rows, dtype):
     assert cache.gather(torch.empty(0, dtype=torch.long)).shape == (0, 6)
 
 
+def test_fills_the_cache_in_chunks(graph, monkeypatch):
+    monkeypatch.setattr("pyg_mgpu.feature_cache._CHUNK_ROWS", 7)
+    cache = FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), CPU, 100)
+    n_id = torch.arange(graph.num_nodes)
+    assert torch.equal(cache.gather(n_id), graph.x)
+
+
 def test_caches_the_most_sampled_nodes(graph):
     degree = out_degree(graph.row, graph.num_nodes)
     assert int(degree.sum()) == graph.num_edges
