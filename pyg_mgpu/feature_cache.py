@@ -33,8 +33,7 @@ class FeatureCache:
         self.x = x
         self.device = device
         num_cached = max(0, min(int(max_rows), x.size(0)))
-        hottest = torch.topk(hotness, num_cached, sorted=False).indices if num_cached else \
-            torch.empty(0, dtype=torch.long)
+        hottest = torch.topk(hotness, num_cached, sorted=False).indices
         # Host-side map from node to cache row: the batch's node ids are on the host (the
         # sampler runs there), so hits and misses are split before anything is copied.
         self.slot = torch.full((x.size(0),), _NOT_CACHED, dtype=torch.int32)

@@ -116,13 +116,14 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
                 num_nodes=graph.num_nodes)
     if feature_cache is None:
         data.x = graph.x
-    # Its own generator: iterating a DataLoader draws a seed, and drawing it from the global RNG
-    # would shift the dropout stream of whichever rank happens to evaluate.
     # Workers may not touch CUDA: with the cache, its gather runs in the consuming thread.
     filter_per_worker = num_workers > 0 and feature_cache is None
     loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
                              filter_per_worker=filter_per_worker,
                              transform=feature_cache.attach if feature_cache else None,
+                             # Its own generator: iterating a DataLoader draws a seed, and drawing
+                             # it from the global RNG would shift the dropout stream of whichever
+                             # rank happens to evaluate.
                              generator=torch.Generator().manual_seed(seed),
                              # Host batches bound for a GPU: pinned, so the copy is asynchronous.
                              # DataLoader pins what workers return, which is only the finished

@@ -2,9 +2,10 @@
 
 The loader's work per batch (sampling, gathering features, and on a GPU rank the copy to the
 device) runs in one thread of the rank's own process, ``depth`` batches ahead. Unlike DataLoader
-workers it needs no second process and no pickling of each batch: torch kernels release the GIL,
-so the thread fills the moments the training thread leaves its core idle (the gradient
-all-reduce waiting for the slower rank, Python overhead between kernels).
+workers it needs no second process and no pickling of each batch: torch kernels release the GIL.
+It pays off where loading and training use different hardware (CPU sampling feeding a GPU) or
+spare cores; with every core already training (2 CPU ranks on 2 cores) it only took turns with
+training and gained nothing, so CPU ranks leave it off by default.
 
 On a GPU, the copy runs on a side CUDA stream; the training stream waits only for that batch's
 copy (an event), and the batch's memory is marked as used by the training stream so the caching

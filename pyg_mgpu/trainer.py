@@ -44,9 +44,9 @@ HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_acc", "epoch_time_s",
 class StageTimer:
     """Seconds spent per training stage, for ``--profile`` and metrics.json.
 
-    Stages: ``sample`` (the sampler, when it runs in this process), ``gather`` (features, labels
-    and batch assembly; ``load`` instead when DataLoader workers or PyG's sampler do the
-    sampling, and only the wait for the batch is seen here), ``forward``, ``backward`` (gradient
+    Stages: ``sample`` (the sampler, when it runs in this thread), ``gather`` (features, labels
+    and batch assembly; ``load`` instead when DataLoader workers, the prefetch thread or PyG's
+    sampler do the sampling, and only the wait for the batch is seen here), ``forward``, ``backward`` (gradient
     computation), ``allreduce`` (CPU ranks: from DDP issuing a gradient bucket's all-reduce to
     its result, the wait for the slowest rank included; on GPUs it stays inside ``backward``)
     and ``optimizer``.
