@@ -38,10 +38,10 @@ compare synthetic --dataset synthetic --num-nodes 20000 --num-edges 400000 --epo
 # Cora comes from the shared offline copy beside the checkout; like the tests, skip it (saying
 # why) where a clone has no ../shared, instead of failing on a download this machine cannot make.
 cora_root=../shared/data/planetoid
-if [ -d "$cora_root/Cora/raw" ]; then
+if [ -f "$cora_root/Cora/raw/ind.cora.x" ]; then
     compare cora --dataset cora --root "$cora_root" --epochs 50 --repeats 3 --tolerance 0.03
 else
-    echo "compare_dgl cora: skipped, $cora_root/Cora/raw is absent (clone beside shared/)"
+    echo "compare_dgl cora: skipped, $cora_root/Cora/raw/ind.cora.x is absent (clone beside shared/)"
 fi
 
 echo "compare_dgl CI step: $(( $(date +%s) - start )) s in all, tables in $out/*/comparison.md"

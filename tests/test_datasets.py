@@ -242,6 +242,8 @@ def test_missing_dataset_fails_fast_offline(tmp_path, offline, no_stdin, name, e
     message = str(info.value)
     assert "--root" in message and expected in message and "download" in message
     assert str((tmp_path / "empty").absolute()) in message
+    # The folders the library made before its download failed are gone again.
+    assert not (tmp_path / "empty").exists()
 
 
 def test_missing_dataset_in_read_only_folder_downloads_nothing(tmp_path, no_stdin):

@@ -9,6 +9,7 @@ files are absent the libraries' own download is tried; if it fails (no network) 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -239,15 +240,38 @@ def _run_library(label: str, root: Path, folder: Path, expected: list[Path], url
 
     if missing and not writable:
         raise missing_error("the folder is read-only, so nothing was downloaded")
+    created = _first_missing_ancestor(folder)
     try:
         return build(root if writable else _mirror(root, folder))
     except _READ_ERRORS as err:
         if missing:
+            # The library makes its folders before downloading; left empty, they would pass
+            # for a dataset folder at the next look (a test's skip check, a user's ls).
+            _remove_empty_dirs(created)
             raise missing_error(f"the download from {url} failed "
                                 f"({type(err).__name__}: {err})") from err
         raise DatasetError(f"{label}: could not read the files in {folder.absolute()} "
                            f"({type(err).__name__}: {err}); they may be truncated or "
                            "corrupt: fetch them again.") from err
+
+
+def _first_missing_ancestor(path: Path) -> Optional[Path]:
+    """The outermost folder on the way to ``path`` that does not exist yet (None if it does)."""
+    path = path.absolute()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def _remove_empty_dirs(top: Optional[Path]) -> None:
+    """Removes ``top`` and the folders under it that hold no files; never removes a file."""
+    if top is None or not top.is_dir():
+        return
+    for folder, _, _ in os.walk(top, topdown=False):
+        with contextlib.suppress(OSError):  # not empty: something was written, keep it
+            os.rmdir(folder)
 
 
 def _is_writable(path: Path) -> bool:
