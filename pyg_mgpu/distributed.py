@@ -14,6 +14,7 @@ import gc
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -170,22 +171,26 @@ def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_m
         try:
             fn(ctx, *args)
         except BaseException:
-            # Written before leaving the group: leaving closes this rank's connections, so a peer
-            # blocked in a collective fails too, but strictly later. The parent then names the
-            # earliest failure (the cause), not whichever rank happened to exit first.
+            # The stamp lets the parent name the earliest failure (the cause), not whichever
+            # rank happened to exit first. Then the rank exits at once: a graceful teardown
+            # (leaving the group, finalizing the interpreter) can block until a peer's collective
+            # times out, which is minutes. Exiting closes this rank's connections, so a peer
+            # blocked in a collective fails too, strictly after this report.
             Path(report_dir, f"rank{rank}").write_text(
                 f"{time.monotonic()!r}\n{traceback.format_exc()}")
-            raise
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
 
 
-def _first_failure(report_dir: str) -> tuple[int, str] | None:
-    """(rank, traceback) of the earliest failure a rank reported, or None if none did."""
-    reports = []
+def _failure_reports(report_dir: str) -> dict[int, tuple[float, str]]:
+    """rank -> (monotonic stamp, traceback) of every rank that reported a failure."""
+    reports = {}
     for path in Path(report_dir).glob("rank*"):
         stamp, _, trace = path.read_text().partition("\n")
         with contextlib.suppress(ValueError):  # a rank terminated mid-write: not the first
-            reports.append((float(stamp), int(path.name[len("rank"):]), trace))
-    return min(reports)[1:] if reports else None
+            reports[int(path.name[len("rank"):])] = (float(stamp), trace)
+    return reports
 
 
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
@@ -209,10 +214,11 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
         mp.start_processes(_rank_entry, args=(fn, list(devices), init_method, timeout_s,
                                               report_dir, tune_allocator, args),
                            nprocs=len(devices), join=True, start_method="spawn")
-    except mp.ProcessRaisedException as e:
-        rank, trace = _first_failure(report_dir) or (e.error_index, str(e))
-        raise RankFailed(f"rank {rank} failed:\n{trace}") from None
     except mp.ProcessExitedException as e:
+        reports = _failure_reports(report_dir)
+        if e.error_index in reports:  # it raised: name the earliest of the ranks that did
+            rank = min(reports, key=lambda r: reports[r][0])
+            raise RankFailed(f"rank {rank} failed:\n{reports[rank][1]}") from None
         how = (f"was killed by signal {e.signal_name}" if e.signal_name
                else f"exited with code {e.exit_code}")
         hint = (" (out of memory is a common cause of SIGKILL)" if e.signal_name == "SIGKILL"
