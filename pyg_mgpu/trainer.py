@@ -19,7 +19,6 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -31,6 +30,7 @@ from .data.graph import GraphStore
 from .distributed import RankContext
 from .inference import exact_accuracy, layerwise_logits
 from .feature_cache import FeatureCache
+from .grad_sync import DeferredAllReduce
 from .loader import (EpochBatchSampler, make_feature_cache, make_loader, place_graph,
                      resolve_sampler)
 from .model import GraphSAGE
@@ -46,10 +46,10 @@ class StageTimer:
 
     Stages: ``sample`` (the sampler, when it runs in this thread), ``gather`` (features, labels
     and batch assembly; ``load`` instead when DataLoader workers, the prefetch thread or PyG's
-    sampler do the sampling, and only the wait for the batch is seen here), ``forward``, ``backward`` (gradient
-    computation), ``allreduce`` (CPU ranks: from DDP issuing a gradient bucket's all-reduce to
-    its result, the wait for the slowest rank included; on GPUs it stays inside ``backward``)
-    and ``optimizer``.
+    sampler do the sampling, and only the wait for the batch is seen here), ``forward``,
+    ``backward`` (gradient computation), ``allreduce`` (CPU ranks: the wait for the gradient
+    all-reduce that is left after the next batch has loaded, the wait for the slowest rank
+    included; on GPUs it stays inside ``backward``) and ``optimizer``.
     """
 
     device: torch.device
@@ -57,64 +57,22 @@ class StageTimer:
     seconds: dict = field(default_factory=lambda: defaultdict(float))
     _last: float = 0.0
     _nested: float = 0.0  # seconds of stages timed elsewhere since the last lap
-    _intervals: list = field(default_factory=list)  # (start, end) of all-reduces in this lap
 
     def start(self) -> None:
         self._last = time.perf_counter()
         self._nested = 0.0
-        self._intervals.clear()
 
     def add(self, stage: str, seconds: float) -> None:
         """A stage timed inside the current lap (sampling); the lap excludes it."""
         self.seconds[stage] += seconds
         self._nested += seconds
 
-    def add_interval(self, start: float, end: float) -> None:
-        """An all-reduce that ran from ``start`` to ``end`` (``perf_counter``), from any thread.
-
-        Overlapping buckets count once (their union); with several buckets, all-reduce time
-        that overlaps gradient computation counts as all-reduce.
-        """
-        self._intervals.append((start, end))  # list.append is atomic: no lock needed
-
     def lap(self, stage: str) -> None:
         if self.sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
-        if self._intervals:
-            self.add("allreduce", _union_length(self._intervals))
-            self._intervals.clear()
         self.seconds[stage] += now - self._last - self._nested
         self._last, self._nested = now, 0.0
-
-
-def _union_length(intervals: list) -> float:
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
-
-
-def time_allreduce(ddp: DistributedDataParallel, timer: StageTimer) -> None:
-    """DDP's default gradient all-reduce, each bucket's run recorded in ``timer``.
-
-    CPU (gloo) only: DDP waits for the hook's result before ``backward()`` returns, so the time
-    is known by the next lap. NCCL marks the result ready when the all-reduce is queued on the
-    GPU, so there the hook would time only the launch; GPU ranks leave DDP's hook alone.
-    """
-    if next(ddp.module.parameters()).is_cuda:
-        return
-
-    def hook(_, bucket):
-        start = time.perf_counter()
-
-        def finished(fut):
-            timer.add_interval(start, time.perf_counter())
-            return fut.value()
-        return allreduce_hook(None, bucket).then(finished)
-    ddp.register_comm_hook(None, hook)
 
 
 def _forward(model: torch.nn.Module, batch, *, trim: bool = True,
@@ -151,8 +109,13 @@ def check_equal_steps(steps: int, ctx: RankContext) -> None:
 
 def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
                 ctx: RankContext, num_classes: int, timer: StageTimer, epoch: int,
-                cfg: TrainConfig) -> tuple[float, float]:
-    """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks."""
+                cfg: TrainConfig, grad_sync: Optional[DeferredAllReduce] = None
+                ) -> tuple[float, float]:
+    """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks.
+
+    Each step loads the next batch after ``backward()``: with ``grad_sync`` (CPU ranks) the
+    gradient all-reduce is still running then, and the optimizer step waits for it after.
+    """
     ddp.train()
     loss_sum = MeanMetric(sync_on_compute=True).to(ctx.device)
     accuracy = MulticlassAccuracy(num_classes, average="micro",
@@ -160,31 +123,44 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     check_equal_steps(len(loader), ctx)
     depth = cfg.prefetch if cfg.prefetch is not None else int(ctx.device.type == "cuda")
     prefetcher = Prefetcher(loader, ctx.device, depth) if depth else None
-    batches = tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
-                   disable=not ctx.is_main, leave=False, dynamic_ncols=True)
+    batches = iter(tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
+                        disable=not ctx.is_main, leave=False, dynamic_ncols=True))
     # The sampler's own clock splits loading into sampling and gathering when it runs in this
     # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
     sampler = loader.node_sampler if loader.num_workers == 0 and not prefetcher else None
     sampler_busy = getattr(sampler, "busy_s", None)
+
+    def load_next():
+        nonlocal sampler_busy
+        batch = next(batches, None)
+        if batch is not None:
+            batch = batch.to(ctx.device, non_blocking=True)
+        if sampler_busy is not None:
+            timer.add("sample", sampler.busy_s - sampler_busy)
+            sampler_busy = sampler.busy_s
+        timer.lap("gather" if sampler_busy is not None else "load")
+        return batch
+
     try:
         timer.start()
-        for batch in batches:
-            batch = batch.to(ctx.device, non_blocking=True)
+        batch = load_next()
+        while batch is not None:
             y = batch.y[:batch.batch_size]
-            if sampler_busy is not None:
-                timer.add("sample", sampler.busy_s - sampler_busy)
-                sampler_busy = sampler.busy_s
-            timer.lap("gather" if sampler_busy is not None else "load")
             optimizer.zero_grad(set_to_none=True)
             out = _forward(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
             loss = F.cross_entropy(out, y)
             timer.lap("forward")
-            loss.backward()  # DDP's gradient all-reduce overlaps this (timed by its hook)
+            loss.backward()
             timer.lap("backward")
+            next_batch = load_next()  # while the gradient all-reduce runs (grad_sync)
+            if grad_sync is not None:
+                grad_sync.wait()
+                timer.lap("allreduce")
             optimizer.step()
             loss_sum.update(loss.detach(), weight=y.numel())
             accuracy.update(out.detach(), y)
             timer.lap("optimizer")
+            batch = next_batch
     finally:
         if prefetcher is not None:
             prefetcher.close()
@@ -296,11 +272,14 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
                       fast_dropout=ours and not cfg.compile).to(ctx.device)
     if cfg.compile:
         model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
+    # CPU ranks overlap the gradient all-reduce with loading the next batch; PyG's recipe
+    # keeps DDP as its example has it. (On GPUs NCCL's all-reduce is asynchronous already.)
+    defer_allreduce = ours and ctx.device.type == "cpu"
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
-                                  else None)
+                                  else None, gradient_as_bucket_view=defer_allreduce)
+    grad_sync = DeferredAllReduce(ddp) if defer_allreduce else None
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
     timer = StageTimer(ctx.device, sync=cfg.profile)
-    time_allreduce(ddp, timer)
     torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
 
     graph = place_graph(graph, ctx.device, cfg.graph_on)
@@ -334,7 +313,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
         timer.seconds.clear()
         start = time.perf_counter()
         train_loss, train_acc = train_epoch(ddp, optimizer, train_loader, ctx,
-                                            graph.num_classes, timer, epoch, cfg)
+                                            graph.num_classes, timer, epoch, cfg, grad_sync)
         epoch_time = time.perf_counter() - start
         val_acc, eval_time = None, 0.0
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:

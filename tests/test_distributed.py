@@ -47,6 +47,15 @@ def test_metrics_reduce_sums_and_counts_exactly():
         assert result[rank, 1].item() == pytest.approx((3 * 1.0 + 1 * 5.0) / 4)
 
 
+def test_deferred_allreduce_trains_exactly_like_ddps_blocking_one():
+    result = torch.full((2, 3), float("nan"), dtype=torch.float32).share_memory_()
+    launch_local(_ranks.deferred_vs_blocking_allreduce, CPU2, args=(result,))
+    for rank in range(2):
+        assert result[rank, 0].item() == 0.0, "deferred all-reduce changed the training"
+        assert result[rank, 1].item() > 0.01, "the models did not train at all"
+        assert result[rank, 2].item() == 0.0, "the ranks' models drifted apart"
+
+
 def test_failed_rank_ends_the_job_with_its_traceback():
     start = time.monotonic()
     with pytest.raises(RankFailed) as err:
