@@ -71,6 +71,24 @@ def test_relu_dropout_is_relu_then_unbiased_dropout():
     assert torch.equal(x.grad, (y > 0).float() * 2.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.5, 0.2])
+def test_dropout_masks_are_independent_across_elements(dtype, p):
+    # Each element must get its own random bits: an element reusing another's bit (same word,
+    # same byte, or a shifted copy) would agree with it far more often than chance.
+    from pyg_mgpu.model import _keep_bytes, _keep_mask
+    torch.manual_seed(0)
+    like = torch.empty(999, 1001, dtype=dtype)  # odd sizes: no lag lines up with a row
+    keep = (_keep_mask(like, _keep_bytes(p)) != 0).flatten().double()
+    q = keep.mean().item()
+    assert abs(q - (1 - p)) < 0.003
+    chance = q * q + (1 - q) * (1 - q)
+    n = keep.numel()
+    for lag in (1, 2, 8, 15, 16, 17, 64, -(-n // 16), -(-n // 8), n // 2):
+        agree = (keep[:-lag] == keep[lag:]).double().mean().item()
+        assert abs(agree - chance) < 0.005, f"lag {lag}: agreement {agree:.4f}, chance {chance:.4f}"
+
+
 def test_relu_dropout_in_bfloat16_keeps_its_dtype():
     from pyg_mgpu.model import relu_dropout
     x = torch.randn(300, 300, dtype=torch.bfloat16, requires_grad=True)
