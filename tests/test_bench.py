@@ -1,0 +1,56 @@
+"""The benchmark command: ratios, its JSON, and a tiny real run of the training and sampler modes."""
+import json
+
+import pytest
+
+from pyg_mgpu import bench
+from pyg_mgpu.loader import pyg_sampler_available
+
+TINY = ["--num-nodes", "3000", "--num-edges", "30000", "--num-features", "8",
+        "--num-classes", "4", "--hidden", "16", "--batch-size", "256"]
+
+
+def test_ratios_are_epoch_times_over_pyg_mgpu_and_dgl():
+    results = {"pyg_mgpu": {"epoch_time_s": 2.0}, "pyg_mgpu_bf16": {"epoch_time_s": 1.5},
+               "pyg_recipe": {"skipped": "no sampler"}, "dgl": {"epoch_time_s": 2.5}}
+    bench.add_ratios(results)
+    assert results["pyg_mgpu_bf16"]["epoch_time_vs_pyg_mgpu"] == 0.75
+    assert results["pyg_mgpu_bf16"]["epoch_time_vs_dgl"] == 0.6
+    assert results["dgl"]["epoch_time_vs_pyg_mgpu"] == 1.25
+    assert "epoch_time_vs_dgl" not in results["pyg_recipe"]
+    for r in results.values():
+        r.update(seeds_per_s=1.0, test_acc=0.5)
+    table = bench.format_training(results).splitlines()
+    assert "vs pyg_mgpu" in table[0] and "vs dgl" in table[0]
+    assert "0.75x" in table[2] and "0.60x" in table[2]
+    assert "no sampler" in table[3]
+
+
+@pytest.mark.slow
+def test_training_bench_runs_each_system_and_writes_json(tmp_path, capsys):
+    systems = "pyg_mgpu,pyg_model_native_sampler,pyg_recipe"
+    assert bench.main(TINY + ["--epochs", "2", "--systems", systems,
+                              "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    results = report["results"]
+    ours, pyg_model = results["pyg_mgpu"], results["pyg_model_native_sampler"]
+    assert ours["epoch_time_vs_pyg_mgpu"] == 1.0
+    assert pyg_model["epoch_time_vs_pyg_mgpu"] == pytest.approx(
+        pyg_model["epoch_time_s"] / ours["epoch_time_s"])
+    # 1,500 training nodes (the synthetic split's half) per epoch.
+    assert ours["seeds_per_s"] == pytest.approx(1500 / ours["epoch_time_s"])
+    assert 0.0 <= ours["test_acc"] <= 1.0
+    assert (tmp_path / "pyg_mgpu" / "metrics.json").exists()
+    if pyg_sampler_available():
+        assert "epoch_time_s" in results["pyg_recipe"]
+    else:
+        assert "skipped" in results["pyg_recipe"]
+    assert "vs pyg_mgpu" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sampler_bench_reports_edges_per_second(tmp_path):
+    assert bench.main(TINY + ["--sampler-only", "--batches", "3", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert results["native_1_thread"] > 0
+    assert results["native_loader_0_workers"] > 0
