@@ -19,7 +19,11 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-_UNSEEN = torch.iinfo(torch.int64).max  # lookup entry of a node not in the batch (yet)
+
+
+def _unseen(lookup_type: torch.dtype) -> int:
+    """The lookup entry of a node not in the batch (yet): above every id and offer."""
+    return torch.iinfo(lookup_type).max
 
 
 class NativeNeighborSampler(BaseSampler):
@@ -44,6 +48,11 @@ class NativeNeighborSampler(BaseSampler):
         if seed is not None:
             self.generator.manual_seed(seed)
         self._lookup: Optional[Tensor] = None  # global -> local id, built lazily per process
+        # int32 halves the lookup's random accesses' footprint; its entries go up to the node
+        # count plus one hop's sampled edges (see _first_occurrences).
+        self._lookup_type = torch.int32 if self.num_nodes < 2**30 else torch.int64
+        # Floyd's offsets are below a degree, so int32 holds them whenever the edge count does.
+        self._offset_type = torch.int32 if row.numel() < 2**31 else torch.int64
         self.busy_s = 0.0  # seconds spent sampling in this process (for per-stage timing)
 
     @property
@@ -79,7 +88,8 @@ class NativeNeighborSampler(BaseSampler):
         device = self.colptr.device
         seeds = seeds.to(device=device, dtype=torch.long)
         if self._lookup is None or self._lookup.device != device:
-            self._lookup = torch.full((self.num_nodes,), _UNSEEN, dtype=torch.long,
+            self._lookup = torch.full((self.num_nodes,), _unseen(self._lookup_type),
+                                      dtype=self._lookup_type,
                                       device=device)
         lookup = self._lookup
 
@@ -90,14 +100,15 @@ class NativeNeighborSampler(BaseSampler):
         num_sampled_nodes, num_sampled_edges = [seeds.numel()], []
         touched = None  # this hop's neighbours: their lookup entries may be mid-update
         try:
-            lookup.index_copy_(0, seeds, torch.arange(seeds.numel(), device=device))
+            lookup.index_copy_(0, seeds, torch.arange(seeds.numel(), dtype=lookup.dtype,
+                                                      device=device))
             for fanout in self.fanouts:
                 local_dst, edge_id = self._sample_hop(frontier, fanout)
                 # int64 from here on: scatter and index_copy take no int32 index.
                 touched = nbr = self.row.index_select(0, edge_id).long()
                 new_nodes = self._first_occurrences(nbr, lookup)
                 lookup.index_copy_(0, new_nodes, torch.arange(
-                    num_nodes, num_nodes + new_nodes.numel(), device=device))
+                    num_nodes, num_nodes + new_nodes.numel(), dtype=lookup.dtype, device=device))
                 nodes.append(new_nodes)
                 touched = None
                 rows.append(lookup.index_select(0, nbr))
@@ -110,10 +121,10 @@ class NativeNeighborSampler(BaseSampler):
             node = torch.cat(nodes)
         finally:
             # Leave the scratch array clean for the next batch, even after an error.
-            lookup.index_fill_(0, torch.cat(nodes), _UNSEEN)
+            lookup.index_fill_(0, torch.cat(nodes), _unseen(lookup.dtype))
             if touched is not None:
-                lookup.index_fill_(0, touched, _UNSEEN)
-        return SamplerOutput(node=node, row=torch.cat(rows), col=torch.cat(cols),
+                lookup.index_fill_(0, touched, _unseen(lookup.dtype))
+        return SamplerOutput(node=node, row=torch.cat(rows).long(), col=torch.cat(cols),
                              edge=torch.cat(edges), num_sampled_nodes=num_sampled_nodes,
                              num_sampled_edges=num_sampled_edges)
 
@@ -151,11 +162,9 @@ class NativeNeighborSampler(BaseSampler):
         u = torch.rand(k, deg.numel(), dtype=torch.float64, device=deg.device,
                        generator=self.generator)
         # All steps' upper bounds j and raw draws t at once; the loop only resolves repeats.
-        # Offsets are below the degree, so int32 holds them whenever the edge count does.
-        offset_type = torch.int32 if self.row.numel() < 2**31 else torch.int64
-        j = (deg - k).to(offset_type) + torch.arange(k, dtype=offset_type,
-                                                     device=deg.device).unsqueeze(1)
-        chosen = u.mul_(j + 1).to(offset_type)
+        j = (deg - k).to(self._offset_type) + torch.arange(k, dtype=self._offset_type,
+                                                           device=deg.device).unsqueeze(1)
+        chosen = u.mul_(j + 1).to(self._offset_type)
         for i in range(1, k):
             t = chosen[i]
             # XOR is zero exactly where t repeats an earlier draw. Integer XOR and min ran
@@ -170,10 +179,15 @@ class NativeNeighborSampler(BaseSampler):
 
         Every position offers ``num_nodes + position`` to its node's lookup entry and the smallest
         wins. Known nodes hold a local id (below ``num_nodes``) and keep it; unseen ones hold
-        ``_UNSEEN`` (above everything) and end up with their first position, which reads back
+        ``_unseen`` (above everything) and end up with their first position, which reads back
         equal only there. No sort, one pass, and the same order on every run and thread count (a
         plain indexed write lets an arbitrary duplicate win when it runs in parallel).
         """
-        offer = torch.arange(lookup.numel(), lookup.numel() + nbr.numel(), device=nbr.device)
+        if lookup.numel() + nbr.numel() >= _unseen(lookup.dtype):
+            raise RuntimeError(f"{nbr.numel():,} sampled neighbours in one hop of a "
+                               f"{lookup.numel():,}-node graph overflow the lookup's "
+                               f"{lookup.dtype}; sample smaller batches.")
+        offer = torch.arange(lookup.numel(), lookup.numel() + nbr.numel(), dtype=lookup.dtype,
+                             device=nbr.device)
         lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
         return nbr.masked_select(lookup.index_select(0, nbr) == offer)

@@ -67,7 +67,7 @@ def test_outputs_are_true_neighbours_in_pyg_order(graph, fanouts):
 def test_lookup_is_left_clean_between_batches(graph):
     sampler = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=0)
     sampler.sample(torch.arange(100))
-    assert (sampler._lookup == torch.iinfo(torch.int64).max).all()
+    assert (sampler._lookup == torch.iinfo(sampler._lookup.dtype).max).all()
 
 
 def test_uniform_without_replacement():
@@ -124,8 +124,12 @@ def test_int32_and_int64_rows_sample_the_same(graph):
     # Graphs store `row` as int32 when node ids fit; the sample must not depend on it.
     assert graph.row.dtype == torch.int32
     seeds = torch.arange(0, 3000, 7)
-    a = NativeNeighborSampler(graph.colptr, graph.row, [10, 5], seed=7).sample(seeds)
-    b = NativeNeighborSampler(graph.colptr, graph.row.long(), [10, 5], seed=7).sample(seeds)
+    a = NativeNeighborSampler(graph.colptr, graph.row, [10, 5], seed=7)
+    b = NativeNeighborSampler(graph.colptr, graph.row.long(), [10, 5], seed=7)
+    # Likewise the lookup (int32 below 2^30 nodes) and Floyd's offsets (int32 below 2^31 edges).
+    assert a._lookup_type == a._offset_type == torch.int32
+    b._lookup_type = b._offset_type = torch.int64
+    a, b = a.sample(seeds), b.sample(seeds)
     for name in ("node", "row", "col", "edge"):
         assert getattr(a, name).dtype == torch.long
         assert torch.equal(getattr(a, name), getattr(b, name)), name
@@ -199,7 +203,7 @@ def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
     def fail_on_second_hop(nbr, lookup):  # after hop 1 is recorded, mid-update of hop 2
         calls.append(1)
         if len(calls) == 2:
-            lookup.scatter_reduce_(0, nbr, torch.zeros_like(nbr), reduce="amin")
+            lookup.scatter_reduce_(0, nbr, torch.zeros_like(nbr, dtype=lookup.dtype), reduce="amin")
             raise RuntimeError("injected")
         return original(nbr, lookup)
     original = NativeNeighborSampler._first_occurrences
@@ -207,7 +211,7 @@ def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
                         staticmethod(fail_on_second_hop))
     with pytest.raises(RuntimeError, match="injected"):
         sampler.sample(torch.arange(100))
-    assert (sampler._lookup == torch.iinfo(torch.int64).max).all()
+    assert (sampler._lookup == torch.iinfo(sampler._lookup.dtype).max).all()
     monkeypatch.undo()
     seeds = torch.arange(100, 150)
     check_output(graph, sampler.sample(seeds), seeds, [5, 5])
