@@ -5,6 +5,7 @@ num_sampled_nodes, num_sampled_edges``), so PyG users see what ``NeighborLoader`
 """
 from __future__ import annotations
 
+import multiprocessing as mp
 from typing import Iterator, Optional, Sequence
 
 import torch
@@ -99,6 +100,19 @@ def make_feature_cache(graph: GraphStore, device: torch.device,
                         max_rows=budget // row_bytes)
 
 
+def _worker_start_method(num_workers: int) -> Optional[str]:
+    """How DataLoader workers start: forked where the platform can.
+
+    A spawned rank would otherwise spawn its workers too, pickling the loader, graph tensors
+    included. Those tensors arrived in the rank as shared memory whose file descriptors torch
+    closes once mapped, so sharing them again failed ("bad value(s) in fds_to_keep"). Forked
+    workers inherit the mappings instead and pickle nothing.
+    """
+    if num_workers == 0 or "fork" not in mp.get_all_start_methods():
+        return None
+    return "fork"
+
+
 def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
                 seed: int, batch_size: int, num_workers: int = 0,
                 batch_sampler: Optional[EpochBatchSampler] = None,
@@ -119,6 +133,7 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
     # Workers may not touch CUDA: with the cache, its gather runs in the consuming thread.
     filter_per_worker = num_workers > 0 and feature_cache is None
     loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
+                             multiprocessing_context=_worker_start_method(num_workers),
                              filter_per_worker=filter_per_worker,
                              transform=feature_cache.attach if feature_cache else None,
                              # Its own generator: iterating a DataLoader draws a seed, and drawing

@@ -48,6 +48,7 @@ class NativeNeighborSampler(BaseSampler):
         if seed is not None:
             self.generator.manual_seed(seed)
         self._lookup: Optional[Tensor] = None  # global -> local id, built lazily per process
+        self._seeded_for_worker: Optional[int] = None
         # int32 halves the lookup's random accesses' footprint; its entries go up to the node
         # count plus one hop's sampled edges (see _first_occurrences).
         self._lookup_type = torch.int32 if self.num_nodes < 2**30 else torch.int64
@@ -85,6 +86,7 @@ class NativeNeighborSampler(BaseSampler):
 
     def sample(self, seeds: Tensor) -> SamplerOutput:
         """Samples the multi-hop neighbourhood of ``seeds`` (global ids, assumed distinct)."""
+        self._reseed_in_worker()
         device = self.colptr.device
         seeds = seeds.to(device=device, dtype=torch.long)
         if self._lookup is None or self._lookup.device != device:
@@ -127,6 +129,16 @@ class NativeNeighborSampler(BaseSampler):
         return SamplerOutput(node=node, row=torch.cat(rows).long(), col=torch.cat(cols),
                              edge=torch.cat(edges), num_sampled_nodes=num_sampled_nodes,
                              num_sampled_edges=num_sampled_edges)
+
+    def _reseed_in_worker(self) -> None:
+        # Every DataLoader worker starts from a copy of this sampler, generator state included:
+        # unseeded, all workers would replay one random stream on their different batches. Each
+        # takes the seed DataLoader derives for it instead (reproducible from the loader's
+        # generator), once.
+        info = torch.utils.data.get_worker_info()
+        if info is not None and self._seeded_for_worker != info.id:
+            self.generator.manual_seed(info.seed)
+            self._seeded_for_worker = info.id
 
     def _sample_hop(self, dst: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
         """Returns (position of the destination in ``dst``, CSC edge id) for each sampled edge."""

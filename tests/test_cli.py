@@ -170,3 +170,15 @@ def test_trains_on_one_gpu(tmp_path, graph_on, cache_gb, cached_rows):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["device"] == "cuda" and metrics["backend"] == "nccl"
     assert metrics["feature_cache_rows"] == cached_rows
+
+
+@pytest.mark.slow
+def test_dataloader_workers_in_spawned_ranks(tmp_path):
+    # Spawned ranks used to spawn their workers too, re-sharing graph tensors whose file
+    # descriptors torch had closed: "bad value(s) in fds_to_keep" at the first epoch.
+    assert main(TINY + ["--epochs", "2", "--devices", "cpu", "--nprocs", "2", "--num-workers",
+                        "1", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert set(metrics["epochs"][0]["stage_times_s"]) == {"load", "forward", "backward",
+                                                          "allreduce", "optimizer"}

@@ -215,3 +215,27 @@ def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
     monkeypatch.undo()
     seeds = torch.arange(100, 150)
     check_output(graph, sampler.sample(seeds), seeds, [5, 5])
+
+
+def test_dataloader_workers_draw_different_random_streams():
+    # 40 nodes with the same 100 in-neighbours; the same 10 seeds form batch 0 and batch 1, which
+    # two workers sample. Replaying one random stream, they would draw identical neighbours.
+    num_dst, deg = 40, 100
+    colptr = torch.cat([torch.arange(0, (num_dst + 1) * deg, deg),  # the sources have no
+                        torch.full((deg,), num_dst * deg)])              # in-edges themselves
+    row = (torch.arange(num_dst * deg) % deg + num_dst).int()
+    graph = GraphStore(name="star", num_classes=2, colptr=colptr, row=row,
+                       x=torch.zeros(num_dst + deg, 1), y=torch.zeros(num_dst + deg,
+                                                                    dtype=torch.long),
+                       train_idx=torch.arange(10), val_idx=torch.arange(10, 20),
+                       test_idx=torch.arange(20, 30))
+    seeds = torch.cat([torch.arange(10), torch.arange(10)])
+    runs = []
+    for _ in range(2):
+        loader = make_loader(graph, seeds, fanout=[5], sampler="native", seed=0, batch_size=10,
+                             num_workers=2)
+        runs.append([batch.n_id[batch.edge_index[0]] for batch in loader])
+        loader._iterator._shutdown_workers()  # persistent workers: stop them now, not at exit
+    first, second = runs[0]
+    assert not torch.equal(first, second), "both workers drew the same neighbours"
+    assert all(torch.equal(a, b) for a, b in zip(*runs)), "worker streams not reproducible"
