@@ -40,7 +40,7 @@ class TrainConfig:
     out: Optional[str] = None
     sampler: str = "auto"
     num_workers: int = 0
-    prefetch: Optional[int] = None  # None: 1 batch ahead on GPU ranks, off on CPU ranks
+    prefetch: Optional[int] = None  # None: 1 ahead on GPU ranks with the native sampler, else off
     timeout_s: float = 300.0
     amp: str = "none"
     compile: bool = False

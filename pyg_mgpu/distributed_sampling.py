@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=int, default=d.prefetch,
                    help="batches a background thread prepares ahead of training (sampling, "
                         "gathering, the copy to the GPU on a side stream); 0 turns it off. "
-                        "Default: 1 on GPU ranks, 0 on CPU ranks (there it only took turns "
-                        "with training on the same cores)")
+                        "Default: 1 on GPU ranks with the native sampler, else 0 (on CPU ranks "
+                        "it only took turns with training on the same cores; PyG's sampler has "
+                        "no generator of its own, so runs would not repeat)")
     p.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
                    help="seconds a collective may wait for a peer before the job fails")
     p.add_argument("--amp", choices=["none", "bf16"], default=d.amp,

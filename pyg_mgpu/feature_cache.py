@@ -55,6 +55,9 @@ class FeatureCache:
 
     def gather(self, n_id: Tensor) -> Tensor:
         """``x[n_id]`` on the cache's device; ``n_id`` is a host tensor of node ids."""
+        if self.rows is None:
+            raise RuntimeError("FeatureCache.gather on a pickled copy (a DataLoader worker?): "
+                               "the cache serves batches in the training process only.")
         slot = self.slot.index_select(0, n_id)
         hit = slot >= 0
         hit_pos, miss_pos = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
@@ -69,6 +72,14 @@ class FeatureCache:
         out.index_copy_(0, hit_pos.to(**to_device), self.rows.index_select(0, hit_slot))
         out.index_copy_(0, miss_pos.to(**to_device), missed.to(**to_device))
         return out
+
+    def __getstate__(self) -> dict:
+        # The cache is the loader's transform, which runs in the training process only; with a
+        # non-fork start method DataLoader workers still receive a pickled copy of the loader.
+        # Never ship them the GPU rows (CUDA tensors) or the host features: they need neither.
+        state = self.__dict__.copy()
+        state.update(rows=None, x=None, slot=None)
+        return state
 
     def attach(self, batch):
         """A loader ``transform``: gives a sampled batch its feature rows (``batch.x``)."""

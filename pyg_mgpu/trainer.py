@@ -35,6 +35,7 @@ from .loader import (EpochBatchSampler, make_feature_cache, make_loader, place_g
                      resolve_sampler)
 from .model import GraphSAGE
 from .prefetch import Prefetcher
+from .sampler import NativeNeighborSampler
 from .sharding import eval_shard
 
 HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_acc", "epoch_time_s", "eval_time_s")
@@ -121,7 +122,12 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     accuracy = MulticlassAccuracy(num_classes, average="micro",
                                   sync_on_compute=True).to(ctx.device)
     check_equal_steps(len(loader), ctx)
-    depth = cfg.prefetch if cfg.prefetch is not None else int(ctx.device.type == "cuda")
+    depth = cfg.prefetch
+    if depth is None:
+        # PyG's sampler takes no generator of its own; in a background thread its draws would
+        # interleave with dropout's from process-wide random state, differently every run.
+        depth = int(ctx.device.type == "cuda" and isinstance(loader.node_sampler,
+                                                             NativeNeighborSampler))
     prefetcher = Prefetcher(loader, ctx.device, depth) if depth else None
     batches = iter(tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
                         disable=not ctx.is_main, leave=False, dynamic_ncols=True))
@@ -386,6 +392,20 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
         if exact:
             tqdm.write(f"exact (layer-wise) val acc {exact['val_acc_exact']:.4f} | "
                        f"test acc {exact['test_acc_exact']:.4f}")
+    if cfg.compile:
+        _stop_compile_workers()
+
+
+def _stop_compile_workers() -> None:
+    """Ends inductor's pool of compile subprocesses once nothing is left to compile.
+
+    Left to the interpreter's exit, its shutdown sometimes killed a finished rank with SIGABRT
+    (a 2-rank ``--compile`` run, 1 in ~15 here); PyTorch's issues recommend this explicit call.
+    """
+    from torch._inductor import async_compile
+    shutdown = getattr(async_compile, "shutdown_compile_workers", None)  # private API
+    if shutdown is not None:
+        shutdown()
 
 
 def _total_stage_times(history: list[dict]) -> dict:

@@ -57,3 +57,15 @@ def test_loader_batches_carry_their_rows(graph, workers):
     for batch in loader:
         assert torch.equal(batch.x, graph.x[batch.n_id])
         assert torch.equal(batch.y, graph.y[batch.n_id])
+
+
+def test_pickled_copies_carry_no_rows(graph):
+    # DataLoader workers started with spawn/forkserver get a pickled loader, transform included.
+    import pickle
+    cache = FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), CPU, max_rows=100)
+    payload = pickle.dumps(cache)
+    assert len(payload) < 10_000, "the features or cached rows went into the pickle"
+    copy = pickle.loads(payload)
+    with pytest.raises(RuntimeError, match="training process only"):
+        copy.gather(torch.arange(5))
+    assert torch.equal(cache.gather(torch.arange(5)), graph.x[:5])  # the original still serves
