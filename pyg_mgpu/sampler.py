@@ -20,7 +20,6 @@ from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 
-
 def _unseen(lookup_type: torch.dtype) -> int:
     """The lookup entry of a node not in the batch (yet): above every id and offer."""
     return torch.iinfo(lookup_type).max
