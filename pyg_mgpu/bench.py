@@ -6,7 +6,8 @@ times, seeds per second and each system's epoch-time ratio to pyg_mgpu and to DG
 the same run are the numbers to trust: these machines are noisy, absolute seconds are not.
 
 Systems:
-- ``pyg_mgpu``: this project (native sampler, trimmed layers, CSR aggregation, byte dropout).
+- ``pyg_mgpu``: this project (native sampler, trimmed layers, embedding-bag mean aggregation,
+  byte dropout).
 - ``pyg_mgpu_bf16``: the same with ``--amp bf16``.
 - ``pyg_model_native_sampler``: PyG's multi-GPU example model as written (every layer on every
   sampled node) fed by our sampler, run like the recipe (glibc's default allocator): the

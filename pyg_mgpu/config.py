@@ -13,9 +13,9 @@ EVAL_MODES = ("rank0", "all")
 SAMPLERS = ("auto", "native", "pyg")
 INFERENCE_MODES = ("sampled", "layerwise")
 AMP_MODES = ("none", "bf16")
-# "pyg_mgpu": trimmed layers, CSR aggregation, fused ReLU/byte dropout. "pyg": PyG's multi-GPU example as
-# written (every layer on every sampled node, gather/scatter messages, torch dropout), kept as
-# the benchmark baseline.
+# "pyg_mgpu": trimmed layers, embedding-bag mean aggregation, fused ReLU/byte dropout. "pyg":
+# PyG's multi-GPU example as written (every layer on every sampled node, gather/scatter
+# messages, torch dropout), kept as the benchmark baseline.
 RECIPES = ("pyg_mgpu", "pyg")
 
 

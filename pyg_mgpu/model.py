@@ -8,14 +8,12 @@ every layer on every node) is wasted work: on a [25, 10] sample the input has ~4
 """
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import SAGEConv
-from torch_geometric.utils import spmm
 
 
 def _random_bytes(count: int, device: torch.device) -> Tensor:
@@ -96,16 +94,58 @@ def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return _ReLUDropout.apply(x, keep_bytes)
 
 
-def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, adj_t: Tensor) -> Tensor:
-    """PyG's ``SAGEConv(aggr="mean")`` forward on a CSR adjacency, with its own parameters.
+class _MeanAggregate(torch.autograd.Function):
+    """Neighbour means by ``embedding_bag``, forward and backward.
+
+    Forward: ``embedding_bag(mode="mean")`` reads each neighbour row once and writes only the
+    means (fbgemm's kernels on CPU). Backward: source ``u`` receives ``grad[v] / deg(v)`` from
+    each destination ``v`` it feeds, a weighted-sum bag per source over the edges regrouped by
+    source. Against ``torch.sparse`` CSR products (``spmm(reduce="mean")``), one thread,
+    caches flushed: layer 1 of a [25, 10] batch (143k edges, 128 features) 12.3 -> 7.0 ms in
+    fp32 and 11.8 -> 3.7 ms in bf16; layer 2's forward plus backward (17k edges, 256 features)
+    6.4 -> 5.3 ms in fp32 and 5.1 -> 4.2 ms in bf16, where embedding_bag's own backward took
+    6.6 and 5.7 ms.
+    """
+
+    @staticmethod
+    def forward(ctx, x_src: Tensor, ptr: Tensor, src: Tensor) -> Tensor:
+        ctx.save_for_backward(ptr, src)
+        ctx.num_src = x_src.size(0)
+        return F.embedding_bag(src, x_src, ptr[:-1], mode="mean")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ptr, src = ctx.saved_tensors
+        degree = ptr.diff()
+        dst = torch.repeat_interleave(torch.arange(degree.numel(), device=src.device), degree,
+                                      output_size=src.numel())
+        by_source = torch.argsort(src, stable=True)
+        sorted_src = src[by_source]
+        src_ptr = torch.searchsorted(sorted_src, torch.arange(ctx.num_src + 1,
+                                                              device=src.device))
+        dst = dst[by_source]
+        weights = (1.0 / degree.clamp(min=1).to(grad.dtype))[dst]
+        grad_src = F.embedding_bag(dst, grad, src_ptr[:-1], mode="sum",
+                                   per_sample_weights=weights)
+        return grad_src, None, None
+
+
+def mean_aggregate(x_src: Tensor, ptr: Tensor, src: Tensor) -> Tensor:
+    """Row ``i``: the mean of ``x_src[src[ptr[i]:ptr[i + 1]]]`` (zeros where that is empty)."""
+    return _MeanAggregate.apply(x_src, ptr, src)
+
+
+def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, ptr: Tensor, src: Tensor) -> Tensor:
+    """PyG's ``SAGEConv(aggr="mean")`` forward with its own parameters, for destination ``i``
+    fed by the sources ``src[ptr[i]:ptr[i + 1]]`` (CSR pointers over ``x_dst``'s rows).
 
     Only for the defaults :class:`GraphSAGE` builds (no ``normalize``, ``project`` or
-    ``root_weight=False``); the result equals ``conv((x_src, x_dst), adj_t)`` (tested).
+    ``root_weight=False``); the result equals ``conv((x_src, x_dst), edge_index)`` (tested).
 
     ``lin_l(mean of neighbours) + lin_r(x_dst)`` as one matmul plus one accumulating matmul:
     PyG's version also allocates and adds the two products (a full extra pass over the layer).
     """
-    agg = spmm(adj_t, x_src, reduce="mean")  # PyG's: torch's reduce="mean" is CPU-only
+    agg = mean_aggregate(x_src, ptr, src)
     out = F.linear(agg, conv.lin_l.weight, conv.lin_l.bias)
     # In-place matmul is outside autocast: cast its operands to the output's dtype by hand.
     return out.addmm_(x_dst.to(out.dtype), conv.lin_r.weight.t().to(out.dtype))
@@ -161,9 +201,8 @@ class GraphSAGE(nn.Module):
                 num_dst = nodes_upto[hops_left - 1]
                 num_edges = edges_upto[hops_left - 1]
                 if self.sparse_aggregation:
-                    adj_t = _csr_adjacency(dst_ptr[:num_dst + 1], edge_index[0, :num_edges],
-                                           (num_dst, x.size(0)), x.dtype)
-                    x = sage_layer(conv, x, x[:num_dst], adj_t)
+                    x = sage_layer(conv, x, x[:num_dst], dst_ptr[:num_dst + 1],
+                                   edge_index[0, :num_edges])
                 else:
                     x = conv((x, x[:num_dst]), edge_index[:, :num_edges],
                              size=(x.size(0), num_dst))
@@ -187,11 +226,3 @@ def _dst_pointers(col: Tensor, num_dst: int) -> Tensor:
     torch.cumsum(torch.bincount(col, minlength=num_dst), 0, out=ptr[1:])
     return ptr
 
-
-def _csr_adjacency(ptr: Tensor, src: Tensor, size: tuple[int, int], dtype) -> Tensor:
-    # One sparse-times-dense product replaces gathering an [E, F] message matrix and scattering
-    # it back; PyG's SAGEConv accepts the transposed adjacency as a torch.sparse CSR tensor.
-    values = torch.ones(src.numel(), dtype=dtype, device=src.device)
-    with warnings.catch_warnings():  # "CSR support is in beta": said once per batch otherwise
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(ptr, src, values, size=size, check_invariants=False)

@@ -127,19 +127,53 @@ def test_pyg_sampler_batches_train_the_model():
     assert _forward(model, batch).shape == (64, g.num_classes)
 
 
+def _bipartite_edges(num_src: int, num_dst: int, num_edges: int):
+    """Random edges sorted by destination; destinations from ``num_dst - 10`` on get none."""
+    src = torch.randint(0, num_src, (num_edges,))
+    dst = torch.randint(0, num_dst - 10, (num_edges,)).sort().values
+    return src, dst
+
+
+def test_sage_layer_equals_pyg_sageconv_with_gradients():
+    from pyg_mgpu.model import _dst_pointers, sage_layer
+    from torch_geometric.nn import SAGEConv
+    torch.manual_seed(0)
+    conv = SAGEConv(16, 32, aggr="mean")
+    src, dst = _bipartite_edges(300, 100, 2000)
+    ptr = _dst_pointers(dst, 100)
+    outputs, grads = [], []
+    for ours in (True, False):
+        conv.zero_grad()
+        x = torch.randn(300, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        if ours:
+            out = sage_layer(conv, x, x[:100], ptr, src)
+        else:
+            out = conv((x, x[:100]), torch.stack([src, dst]), size=(300, 100))
+        out.square().sum().backward()
+        outputs.append(out)
+        grads.append([x.grad] + [p.grad.clone() for p in conv.parameters()])
+    assert outputs[0][90:].abs().sum() > 0  # destinations without edges still get lin_r(x_dst)
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+    for a, b in zip(*grads):  # the input's gradient too: the aggregation's backward
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_sage_layer_equals_pyg_sageconv_under_bf16_autocast_with_gradients():
-    from pyg_mgpu.model import _csr_adjacency, _dst_pointers, sage_layer
+    from pyg_mgpu.model import _dst_pointers, sage_layer
     from torch_geometric.nn import SAGEConv
     torch.manual_seed(0)
     conv = SAGEConv(16, 32, aggr="mean")
     x = torch.randn(300, 16)
-    src, dst = torch.randint(0, 300, (2000,)), torch.randint(0, 100, (2000,)).sort().values
-    adj_t = _csr_adjacency(_dst_pointers(dst, 100), src, (100, 300), x.dtype)
+    src, dst = _bipartite_edges(300, 100, 2000)
+    ptr = _dst_pointers(dst, 100)
     outputs, grads = [], []
     for ours in (True, False):
         conv.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = sage_layer(conv, x, x[:100], adj_t) if ours else conv((x, x[:100]), adj_t)
+            if ours:
+                out = sage_layer(conv, x, x[:100], ptr, src)
+            else:
+                out = conv((x, x[:100]), torch.stack([src, dst]), size=(300, 100))
         out.float().square().sum().backward()
         outputs.append(out.float())
         grads.append([p.grad.clone() for p in conv.parameters()])
