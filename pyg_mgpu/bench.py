@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .distributed import resolve_devices
+
 SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_model_native_sampler", "pyg_recipe", "dgl")
 SYSTEM_FLAGS = {
     "pyg_mgpu": ["--recipe", "pyg_mgpu", "--sampler", "native"],
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--devices", default="cpu")
-    p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--nprocs", type=int, default=None,
+                   help="ranks per system (default: 2 on CPU, every visible GPU on CUDA)")
     p.add_argument("--epochs", type=int, default=3,
                    help="epochs per system; the first is a warm-up when there are several")
     p.add_argument("--num-workers", type=int, default=0)
@@ -234,6 +237,11 @@ def format_training(results: dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    try:  # one rank count for every system, DGL's included
+        args.nprocs = len(resolve_devices(args.devices, args.nprocs))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     out = Path(args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")

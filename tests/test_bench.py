@@ -26,6 +26,24 @@ def test_ratios_are_epoch_times_over_pyg_mgpu_and_dgl():
     assert "no sampler" in table[3]
 
 
+def test_rank_count_defaults_to_two_cpu_ranks_or_every_visible_gpu(tmp_path, monkeypatch):
+    import torch
+    commands = []
+    monkeypatch.setattr(bench, "_run", lambda cmd, out, *rest: commands.append(cmd) or
+                        {"epoch_time_s": 1.0, "seeds_per_s": 1.0, "test_acc": 0.5})
+    for devices, gpus, expected in (("cpu", 0, "2"), ("cuda", 1, "1"), ("auto", 3, "3")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+        commands.clear()
+        assert bench.main(TINY + ["--devices", devices, "--systems", "pyg_mgpu",
+                                  "--out", str(tmp_path)]) == 0
+        assert commands[0][commands[0].index("--nprocs") + 1] == expected
+    # More ranks than GPUs is refused up front, with the reason.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert bench.main(TINY + ["--devices", "cuda", "--nprocs", "2", "--systems", "pyg_mgpu",
+                              "--out", str(tmp_path)]) == 2
+
+
 @pytest.mark.slow
 def test_training_bench_runs_each_system_and_writes_json(tmp_path, capsys):
     systems = "pyg_mgpu,pyg_model_native_sampler,pyg_recipe"
