@@ -54,7 +54,8 @@ def check_resumable(cfg, world_size: int) -> dict:
                          "of a run that finished at least one epoch.")
     try:
         # mmap: the check reads the config, not the weights (each rank loads those itself).
-        ckpt = torch.load(path, weights_only=False, mmap=True)
+        # To host memory: a GPU run's checkpoint must not open a CUDA context (or fail) here.
+        ckpt = torch.load(path, weights_only=False, mmap=True, map_location="cpu")
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"--resume {cfg.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
                          "written by pyg_mgpu, or the disk lost it.")

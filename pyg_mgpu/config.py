@@ -91,6 +91,9 @@ class TrainConfig:
                               f"got {self.inference!r}.")
         if self.graph_on not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"--graph-on must be auto, cpu or gpu, got {self.graph_on!r}.")
+        if self.graph_on == "gpu" and self.sampler == "pyg":
+            raise ConfigError("--graph-on gpu needs --sampler native: PyG's sampler (pyg-lib, "
+                              "torch-sparse) samples on the CPU from the host copy of the graph.")
         if self.recipe not in RECIPES:
             raise ConfigError(f"--recipe must be one of {', '.join(RECIPES)}, "
                               f"got {self.recipe!r}.")

@@ -69,10 +69,14 @@ def _make_sampler(graph: GraphStore, fanout: Sequence[int], kind: str, seed: int
     return NeighborSampler(data, num_neighbors=list(fanout), is_sorted=False)
 
 
-def place_graph(graph: GraphStore, device: torch.device, placement: str) -> GraphStore:
+def place_graph(graph: GraphStore, device: torch.device, placement: str,
+                sampler: str = "native") -> GraphStore:
     """The graph this rank samples from: its own GPU copy when asked or when it fits, else
-    the shared host copy (features then travel per batch)."""
-    if device.type != "cuda" or placement == "cpu":
+    the shared host copy (features then travel per batch).
+
+    PyG's sampler (pyg-lib, torch-sparse) samples on the CPU, from the host copy.
+    """
+    if device.type != "cuda" or placement == "cpu" or sampler == "pyg":
         return graph
     if placement == "auto":
         free, _ = torch.cuda.mem_get_info(device)
@@ -116,11 +120,13 @@ def _worker_start_method(num_workers: int) -> Optional[str]:
 def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
                 seed: int, batch_size: int, num_workers: int = 0,
                 batch_sampler: Optional[EpochBatchSampler] = None,
-                feature_cache: Optional[FeatureCache] = None) -> NodeLoader:
+                feature_cache: Optional[FeatureCache] = None,
+                device: Optional[torch.device] = None) -> NodeLoader:
     """A loader over ``nodes``: sharded epochs with ``batch_sampler``, else in order.
 
     Features and labels stay in the graph's (shared) memory; each batch gathers its rows, the
     features through ``feature_cache`` when given (in the consuming thread, never in workers).
+    ``device`` is where the batches go: host batches bound for a GPU are pinned.
     """
     on_gpu = graph.x.is_cuda
     if on_gpu:
@@ -143,8 +149,8 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
                              # Host batches bound for a GPU: pinned, so the copy is asynchronous.
                              # DataLoader pins what workers return, which is only the finished
                              # batch when they also gather its rows (filter_per_worker).
-                             pin_memory=torch.cuda.is_available() and not on_gpu and
-                             filter_per_worker)
+                             pin_memory=device is not None and device.type == "cuda" and
+                             not on_gpu and filter_per_worker)
     if batch_sampler is not None:
         loader_args["batch_sampler"] = batch_sampler
     else:

@@ -205,7 +205,7 @@ class Evaluator:
         return make_loader(self.graph, nodes, fanout=self.cfg.fanout, sampler=self.sampler,
                            seed=self.cfg.seed + 7919,
                            batch_size=self.cfg.eval_batch_size or self.cfg.batch_size,
-                           feature_cache=self.feature_cache)
+                           feature_cache=self.feature_cache, device=self.ctx.device)
 
     def accuracy(self, model: torch.nn.Module, nodes: torch.Tensor) -> float:
         """The split's accuracy, known on every rank afterwards."""
@@ -221,22 +221,22 @@ class Evaluator:
         return float(result[0])
 
 
-def _rng_state(train_loader) -> dict:
+def _rng_state(train_loader, device: torch.device) -> dict:
     state = {"torch": torch.get_rng_state()}
     generator = getattr(train_loader.node_sampler, "generator", None)
     if generator is not None:  # the native sampler (in this process; exact with 0 workers)
         state["sampler"] = generator.get_state()
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":  # this rank's GPU only: the _all variants open every GPU
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def _set_rng_state(state: dict, train_loader) -> None:
+def _set_rng_state(state: dict, train_loader, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if "sampler" in state:
         train_loader.node_sampler.generator.set_state(state["sampler"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def save_checkpoint(out: Path, ctx: RankContext, cfg: TrainConfig, epoch: int,
@@ -247,7 +247,7 @@ def save_checkpoint(out: Path, ctx: RankContext, cfg: TrainConfig, epoch: int,
     Every rank's RNG state is gathered: each rank draws its own dropout masks and samples.
     """
     states: list = [None] * ctx.world_size
-    dist.all_gather_object(states, _rng_state(train_loader))
+    dist.all_gather_object(states, _rng_state(train_loader, ctx.device))
     if ctx.is_main:
         save_torch({"epoch": epoch, "world_size": ctx.world_size, "config": cfg.to_dict(),
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -288,7 +288,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     timer = StageTimer(ctx.device, sync=cfg.profile)
     torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
 
-    graph = place_graph(graph, ctx.device, cfg.graph_on)
+    graph = place_graph(graph, ctx.device, cfg.graph_on, sampler)
     batch_sampler = EpochBatchSampler(graph.train_idx.numel(), seed=cfg.seed, rank=ctx.rank,
                                       world_size=ctx.world_size, batch_size=cfg.batch_size)
     feature_cache = make_feature_cache(graph, ctx.device, cfg.feature_cache_gb)
@@ -298,7 +298,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     train_loader = make_loader(graph, graph.train_idx, fanout=cfg.fanout, sampler=sampler,
                                seed=cfg.seed * 1009 + ctx.rank, batch_size=cfg.batch_size,
                                num_workers=cfg.num_workers, batch_sampler=batch_sampler,
-                               feature_cache=feature_cache)
+                               feature_cache=feature_cache, device=ctx.device)
     evaluator = Evaluator(graph, cfg, ctx, sampler, feature_cache)
 
     history: list[dict] = []
@@ -306,11 +306,13 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     best_state = copy.deepcopy(model.state_dict())
     first_epoch = 1
     if cfg.resume:
-        ckpt = torch.load(Path(cfg.resume) / CHECKPOINT, weights_only=False)
+        # To host memory whatever device saved it: RNG states must be CPU tensors, and
+        # load_state_dict copies weights and optimizer state to the parameters' device.
+        ckpt = torch.load(Path(cfg.resume) / CHECKPOINT, weights_only=False, map_location="cpu")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         history, best, best_state = ckpt["history"], ckpt["best"], ckpt["best_state"]
-        _set_rng_state(ckpt["rng"][ctx.rank], train_loader)
+        _set_rng_state(ckpt["rng"][ctx.rank], train_loader, ctx.device)
         first_epoch = ckpt["epoch"] + 1
         if ctx.is_main:
             tqdm.write(f"resumed from {cfg.resume} after epoch {ckpt['epoch']}")

@@ -25,6 +25,7 @@ TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
     (["--devices", "cpu", "--nprocs", "0"], "--nprocs"),
     (["--feature-cache-gb", "-1"], "--feature-cache-gb"),
     (["--prefetch", "-1"], "--prefetch"),
+    (["--graph-on", "gpu", "--sampler", "pyg"], "--graph-on gpu needs --sampler native"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path)]) == 2

@@ -69,3 +69,24 @@ def test_pickled_copies_carry_no_rows(graph):
     with pytest.raises(RuntimeError, match="training process only"):
         copy.gather(torch.arange(5))
     assert torch.equal(cache.gather(torch.arange(5)), graph.x[:5])  # the original still serves
+
+
+def test_pyg_sampler_keeps_the_graph_on_the_host(graph):
+    from pyg_mgpu.loader import place_graph
+    # PyG's sampler runs on the CPU: even a GPU rank with room to spare samples the host copy.
+    # (Decided before any CUDA call, so this runs without a GPU.)
+    assert place_graph(graph, torch.device("cuda", 0), "auto", sampler="pyg") is graph
+
+
+def test_cpu_ranks_never_touch_cuda_on_a_gpu_machine(graph, monkeypatch):
+    from pyg_mgpu.trainer import _rng_state
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a CPU rank opened CUDA")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("get_rng_state", "get_rng_state_all", "init"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    loader = make_loader(graph, graph.train_idx[:100], fanout=[2], sampler="native", seed=0,
+                         batch_size=50, num_workers=1, device=CPU)
+    assert not loader.pin_memory  # pinning would start CUDA in the pin thread
+    assert "cuda" not in _rng_state(loader, CPU)
