@@ -59,9 +59,10 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
 
     Args:
         model: The (unwrapped) GraphSAGE, on ``device``.
-        graph: The graph; its tensors stay where they are (CSC slices move per batch), except the
-            features, which are moved to ``device`` once (no copy when that is the CPU). Features
-            stored in bf16 are computed on in float32, a batch's rows at a time.
+        graph: The graph; its tensors stay where they are (CSC slices and the feature rows a
+            batch reads move to ``device`` per batch, so host features are never copied whole
+            to a GPU). Features stored in bf16 are computed on in float32, a batch's rows at a
+            time.
         rank: This rank, in ``[0, world_size)``.
         world_size: Number of ranks sharing the work.
         batch_size: Destination nodes per step; a step also touches all their in-edges.
@@ -88,7 +89,7 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
     first_row = rank * slice_rows  # where this rank's slice lands in the gathered layer
     colptr, row = graph.colptr, graph.row
 
-    h = graph.x.to(device)  # layer 0's input; unpadded, so node id == row
+    h = graph.x  # layer 0's input, wherever the graph keeps it; unpadded, so node id == row
     padded = False
     for i, conv in enumerate(model.convs):
         # Padding rows stay uninitialized: no edge ever reads them.
@@ -104,11 +105,12 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
                 src = gathered_rows(src, num_nodes, world_size)
             in_row = out_row if padded else b0
             x_src, x_dst = h, h[in_row:in_row + b1 - b0]
-            if h.dtype != torch.float32:
-                # Features stored in bf16 (--amp bf16): cast only the rows this batch reads, so
-                # that exact inference never holds a float32 copy of all of them.
+            if h.device != device or h.dtype != torch.float32:
+                # Layer 0 from host memory or bf16 storage (--amp bf16): move and cast only the
+                # rows this batch reads, never a whole float32 or device copy of the features.
                 rows, src = torch.unique(src, return_inverse=True)
-                x_src, x_dst = h.index_select(0, rows).float(), x_dst.float()
+                x_src = h.index_select(0, rows.to(h.device)).to(device, torch.float32)
+                x_dst = x_dst.to(device, torch.float32)
             y = conv((x_src, x_dst), torch.stack([src, dst]), size=(x_src.size(0), b1 - b0))
             if i < len(model.convs) - 1:
                 y = F.relu(y)
