@@ -70,17 +70,20 @@ def _make_sampler(graph: GraphStore, fanout: Sequence[int], kind: str, seed: int
 
 
 def place_graph(graph: GraphStore, device: torch.device, placement: str,
-                sampler: str = "native") -> GraphStore:
+                sampler: str = "native", free_bytes: Optional[int] = None) -> GraphStore:
     """The graph this rank samples from: its own GPU copy when asked or when it fits, else
     the shared host copy (features then travel per batch).
 
-    PyG's sampler (pyg-lib, torch-sparse) samples on the CPU, from the host copy.
+    PyG's sampler (pyg-lib, torch-sparse) samples on the CPU, from the host copy. ``free_bytes``
+    is the GPU memory the ``auto`` choice goes by (default: this GPU's free memory; the trainer
+    passes the least of all ranks', so that every rank chooses alike).
     """
     if device.type != "cuda" or placement == "cpu" or sampler == "pyg":
         return graph
     if placement == "auto":
-        free, _ = torch.cuda.mem_get_info(device)
-        if graph.nbytes() > free // 2:  # keep half the card for activations and the allocator
+        if free_bytes is None:
+            free_bytes, _ = torch.cuda.mem_get_info(device)
+        if graph.nbytes() > free_bytes // 2:  # half the card for activations and the allocator
             return graph
     moved = {name: t.to(device) for name, t in graph.tensors().items()}
     return GraphStore(name=graph.name, num_classes=graph.num_classes, **moved)

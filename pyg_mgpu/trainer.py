@@ -263,6 +263,20 @@ def _peak_mem_mb(ctx: RankContext) -> float:
     return float(total[0])
 
 
+def _least_free_gpu_bytes(ctx: RankContext) -> Optional[int]:
+    """The least free memory of any rank's GPU (None on CPU ranks).
+
+    Ranks place the graph by it alike: one sampling on its GPU and another on the host would
+    draw from generators of different devices, and a checkpoint's RNG states would then fit a
+    resumed run only if every rank chose the same again.
+    """
+    if ctx.device.type != "cuda":
+        return None
+    free = torch.tensor([torch.cuda.mem_get_info(ctx.device)[0]], device=ctx.device)
+    dist.all_reduce(free, op=dist.ReduceOp.MIN)
+    return int(free[0])
+
+
 def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir: str,
                  run_info: Optional[dict] = None) -> None:
     """The rank function: trains, evaluates and (rank 0) writes the run's outputs."""
@@ -288,7 +302,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     timer = StageTimer(ctx.device, sync=cfg.profile)
     torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
 
-    graph = place_graph(graph, ctx.device, cfg.graph_on, sampler)
+    graph = place_graph(graph, ctx.device, cfg.graph_on, sampler, _least_free_gpu_bytes(ctx))
     batch_sampler = EpochBatchSampler(graph.train_idx.numel(), seed=cfg.seed, rank=ctx.rank,
                                       world_size=ctx.world_size, batch_size=cfg.batch_size)
     feature_cache = make_feature_cache(graph, ctx.device, cfg.feature_cache_gb)

@@ -71,11 +71,15 @@ def test_pickled_copies_carry_no_rows(graph):
     assert torch.equal(cache.gather(torch.arange(5)), graph.x[:5])  # the original still serves
 
 
-def test_pyg_sampler_keeps_the_graph_on_the_host(graph):
+def test_graph_stays_on_the_host_for_pyg_sampler_or_too_little_gpu_memory(graph):
     from pyg_mgpu.loader import place_graph
     # PyG's sampler runs on the CPU: even a GPU rank with room to spare samples the host copy.
     # (Decided before any CUDA call, so this runs without a GPU.)
     assert place_graph(graph, torch.device("cuda", 0), "auto", sampler="pyg") is graph
+    # With --graph-on auto, every rank goes by the same (least) free memory: too little keeps
+    # the host copy.
+    assert place_graph(graph, torch.device("cuda", 0), "auto",
+                       free_bytes=2 * graph.nbytes() - 1) is graph
 
 
 def test_cpu_ranks_never_touch_cuda_on_a_gpu_machine(graph, monkeypatch):
