@@ -88,18 +88,23 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
     slice_rows = math.ceil(num_nodes / world_size)  # every rank's padded slice
     first_row = rank * slice_rows  # where this rank's slice lands in the gathered layer
     colptr, row = graph.colptr, graph.row
+    # Every layer runs the same batches: their edge ranges, read to the host once (not twice
+    # per batch and layer, each a stall when the graph is on the GPU).
+    starts = list(range(start, end, batch_size))
+    edge_bounds = colptr[starts + [end]].tolist() if starts else []
 
     h = graph.x  # layer 0's input, wherever the graph keeps it; unpadded, so node id == row
     padded = False
     for i, conv in enumerate(model.convs):
         # Padding rows stay uninitialized: no edge ever reads them.
         out = torch.empty(world_size * slice_rows, conv.out_channels, device=device)
-        for b0 in range(start, end, batch_size):
+        for i_batch, b0 in enumerate(starts):
             b1 = min(b0 + batch_size, end)
-            e0, e1 = int(colptr[b0]), int(colptr[b1])
+            e0, e1 = edge_bounds[i_batch], edge_bounds[i_batch + 1]
             src = row[e0:e1].to(device, torch.long)
             dst = torch.repeat_interleave(torch.arange(b1 - b0, device=device),
-                                          (colptr[b0 + 1:b1 + 1] - colptr[b0:b1]).to(device))
+                                          (colptr[b0 + 1:b1 + 1] - colptr[b0:b1]).to(device),
+                                          output_size=e1 - e0)
             out_row = first_row + b0 - start
             if padded:
                 src = gathered_rows(src, num_nodes, world_size)

@@ -216,12 +216,18 @@ class GraphSAGE(nn.Module):
         return x
 
 
-def _dst_pointers(col: Tensor, num_dst: int) -> Tensor:
+def _dst_pointers(col: Tensor, num_dst: int, without_sync: Optional[bool] = None) -> Tensor:
     """CSR row pointers of the sampled edges, which the sampler emits sorted by destination.
 
     Because hop h's destinations come before hop h + 1's, the first ``ptr[k]`` edges are exactly
     those into the first ``k`` nodes: every trimmed layer's adjacency is a prefix of this one.
+
+    On CUDA (``without_sync`` by default) a binary search per pointer: ``bincount`` reads its
+    maximum back to the host, a stall per batch. On CPU ``bincount`` is faster (0.2 against 0.8
+    ms for 160k edges into 15k nodes).
     """
+    if col.is_cuda if without_sync is None else without_sync:
+        return torch.searchsorted(col, torch.arange(num_dst + 1, device=col.device))
     ptr = torch.zeros(num_dst + 1, dtype=torch.long, device=col.device)
     torch.cumsum(torch.bincount(col, minlength=num_dst), 0, out=ptr[1:])
     return ptr

@@ -28,6 +28,16 @@ def test_trimmed_equals_untrimmed_on_seeds():
         torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-5)
 
 
+def test_destination_pointers_by_count_and_by_search_agree():
+    from pyg_mgpu.model import _dst_pointers
+    _, out, _, _ = small_batch()
+    num_dst = out.num_sampled_nodes[0] + out.num_sampled_nodes[1]
+    by_count = _dst_pointers(out.col, num_dst, without_sync=False)
+    assert torch.equal(_dst_pointers(out.col, num_dst, without_sync=True), by_count)
+    assert by_count[-1] == out.col.numel()  # every edge enters one of the destinations
+    assert torch.equal(by_count.diff(), torch.bincount(out.col, minlength=num_dst))
+
+
 def test_trimmed_gradients_match():
     g, out, x, edge_index = small_batch()
     grads = []
