@@ -144,50 +144,44 @@ def _bipartite_edges(num_src: int, num_dst: int, num_edges: int):
     return src, dst
 
 
-def test_sage_layer_equals_pyg_sageconv_with_gradients():
+def _sage_layer_ours_and_pygs(bf16: bool):
+    """``sage_layer`` and PyG's ``SAGEConv`` on the same layer and edges (ours first): their
+    float32 outputs, parameter gradients and input gradients."""
     from pyg_mgpu.model import _dst_pointers, sage_layer
     from torch_geometric.nn import SAGEConv
     torch.manual_seed(0)
     conv = SAGEConv(16, 32, aggr="mean")
     src, dst = _bipartite_edges(300, 100, 2000)
     ptr = _dst_pointers(dst, 100)
-    outputs, grads = [], []
+    outputs, param_grads, input_grads = [], [], []
     for ours in (True, False):
         conv.zero_grad()
         x = torch.randn(300, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        if ours:
-            out = sage_layer(conv, x, x[:100], ptr, src)
-        else:
-            out = conv((x, x[:100]), torch.stack([src, dst]), size=(300, 100))
-        out.square().sum().backward()
-        outputs.append(out)
-        grads.append([x.grad] + [p.grad.clone() for p in conv.parameters()])
-    assert outputs[0][90:].abs().sum() > 0  # destinations without edges still get lin_r(x_dst)
-    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
-    for a, b in zip(*grads):  # the input's gradient too: the aggregation's backward
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-
-
-def test_sage_layer_equals_pyg_sageconv_under_bf16_autocast_with_gradients():
-    from pyg_mgpu.model import _dst_pointers, sage_layer
-    from torch_geometric.nn import SAGEConv
-    torch.manual_seed(0)
-    conv = SAGEConv(16, 32, aggr="mean")
-    x = torch.randn(300, 16)
-    src, dst = _bipartite_edges(300, 100, 2000)
-    ptr = _dst_pointers(dst, 100)
-    outputs, grads = [], []
-    for ours in (True, False):
-        conv.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             if ours:
                 out = sage_layer(conv, x, x[:100], ptr, src)
             else:
                 out = conv((x, x[:100]), torch.stack([src, dst]), size=(300, 100))
         out.float().square().sum().backward()
         outputs.append(out.float())
-        grads.append([p.grad.clone() for p in conv.parameters()])
+        param_grads.append([p.grad.clone() for p in conv.parameters()])
+        input_grads.append(x.grad)
+    return outputs, param_grads, input_grads
+
+
+def test_sage_layer_equals_pyg_sageconv_with_gradients():
+    outputs, param_grads, input_grads = _sage_layer_ours_and_pygs(bf16=False)
+    assert outputs[0][90:].abs().sum() > 0  # destinations without edges still get lin_r(x_dst)
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+    for a, b in zip(*param_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # The input's gradient too: the aggregation's backward.
+    torch.testing.assert_close(input_grads[0], input_grads[1], rtol=1e-4, atol=1e-4)
+
+
+def test_sage_layer_equals_pyg_sageconv_under_bf16_autocast_with_gradients():
+    outputs, param_grads, _ = _sage_layer_ours_and_pygs(bf16=True)
     # bf16 rounding differs (PyG rounds each product before adding): compare at bf16 precision.
     torch.testing.assert_close(outputs[0], outputs[1], rtol=2e-2, atol=2e-2)
-    for a, b in zip(*grads):  # sums of many bf16 products: compare as whole tensors
+    for a, b in zip(*param_grads):  # sums of many bf16 products: compare as whole tensors
         assert (a - b).norm() <= 0.02 * b.norm()
