@@ -226,7 +226,9 @@ def _dst_pointers(col: Tensor, num_dst: int, without_sync: Optional[bool] = None
     maximum back to the host, a stall per batch. On CPU ``bincount`` is faster (0.2 against 0.8
     ms for 160k edges into 15k nodes).
     """
-    if col.is_cuda if without_sync is None else without_sync:
+    if without_sync is None:
+        without_sync = col.is_cuda
+    if without_sync:
         return torch.searchsorted(col, torch.arange(num_dst + 1, device=col.device))
     ptr = torch.zeros(num_dst + 1, dtype=torch.long, device=col.device)
     torch.cumsum(torch.bincount(col, minlength=num_dst), 0, out=ptr[1:])
