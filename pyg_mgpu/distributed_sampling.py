@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .config import ConfigError, TrainConfig
+from pyg_mgpu.train.config import ConfigError, TrainConfig
 
 
 def parse_fanout(text: str) -> tuple[int, ...]:
@@ -107,12 +107,12 @@ def make_out_dir(out: Optional[str]) -> Path:
 
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
-    from .checkpoint import check_resumable
-    from .data.datasets import load_configured
-    from .distributed import (launch_local, launched_by_torchrun, release_free_heap,
+    from pyg_mgpu.train.checkpoint import check_resumable
+    from pyg_mgpu.data.datasets import load_configured
+    from pyg_mgpu.distributed.launch import (launch_local, launched_by_torchrun, release_free_heap,
                               resolve_devices, usable_cores)
-    from .loader import resolve_sampler
-    from .sharding import check_shardable
+    from pyg_mgpu.sampling.loader import resolve_sampler
+    from pyg_mgpu.sampling.sharding import check_shardable
 
     resolve_sampler(cfg.sampler)
     out = make_out_dir(cfg.out or cfg.resume)
@@ -121,7 +121,7 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.resume:
         check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
     if torchrun:
-        from .multinode import run_torchrun_rank
+        from pyg_mgpu.train.multinode import run_torchrun_rank
         run_torchrun_rank(cfg, out)
         return out
     start = time.perf_counter()
@@ -133,11 +133,11 @@ def run(cfg: TrainConfig) -> Path:
           f"{devices[0].type} | threads/rank {max(1, usable_cores() // len(devices))}",
           flush=True)
     release_free_heap()
-    from .trainer import run_training
+    from pyg_mgpu.train.trainer import run_training
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
     launch_local(run_training, devices, args=(graph, cfg, str(out), {"load_time_s": load_s}),
                  timeout_s=cfg.timeout_s, tune_allocator=cfg.recipe == "pyg_mgpu")
-    from .report import plot_run
+    from pyg_mgpu.tools.report import plot_run
     plot_run(out)
     return out
 
@@ -157,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a rank failed: RankFailed carries its traceback already
-        from .distributed import RankFailed
+        from pyg_mgpu.distributed.launch import RankFailed
         if debug or not isinstance(e, RankFailed):
             traceback.print_exc()
         else:

@@ -7,8 +7,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from pyg_mgpu.inference import layerwise_logits
-from pyg_mgpu.model import GraphSAGE
+from pyg_mgpu.train.inference import layerwise_logits
+from pyg_mgpu.nn.sage import GraphSAGE
 
 
 def layerwise_on_every_rank(ctx, graph, state_dict, num_layers, hidden, batch_size, result):

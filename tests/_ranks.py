@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from pyg_mgpu.loader import EpochBatchSampler, make_loader
+from pyg_mgpu.sampling.loader import EpochBatchSampler, make_loader
 
 
 def write_into_shared_graph(ctx, graph, result):
@@ -55,7 +55,7 @@ def fail_on_rank_one(ctx):
 
 
 def disagree_on_steps(ctx):
-    from pyg_mgpu.trainer import check_equal_steps
+    from pyg_mgpu.train.trainer import check_equal_steps
     check_equal_steps(5, ctx)  # equal: passes
     check_equal_steps(10 + ctx.rank, ctx)  # a sharding bug would look like this
 
@@ -65,7 +65,7 @@ def deferred_vs_blocking_allreduce(ctx, result):
     rank-specific data, and records how far their parameters ended apart (and from the start)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from pyg_mgpu.grad_sync import DeferredAllReduce
+    from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
 
     torch.manual_seed(0)
     start = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from pyg_mgpu import bench
-from pyg_mgpu.loader import pyg_sampler_available
+from pyg_mgpu.tools import bench
+from pyg_mgpu.sampling.loader import pyg_sampler_available
 
 TINY = ["--num-nodes", "3000", "--num-edges", "30000", "--num-features", "8",
         "--num-classes", "4", "--hidden", "16", "--batch-size", "256"]

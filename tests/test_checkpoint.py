@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from pyg_mgpu import checkpoint
+from pyg_mgpu.train import checkpoint
 from pyg_mgpu.distributed_sampling import main
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pyg_mgpu.distributed_sampling import main
-from pyg_mgpu.model import GraphSAGE
+from pyg_mgpu.nn.sage import GraphSAGE
 
 TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
         "--num-classes", "4", "--hidden", "16", "--batch-size", "128"]

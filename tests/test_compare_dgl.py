@@ -1,4 +1,4 @@
-"""Tests for pyg_mgpu.compare_dgl without DGL: summaries, table, JSON, tolerance, exit codes.
+"""Tests for pyg_mgpu.tools.compare_dgl without DGL: summaries, table, JSON, tolerance, exit codes.
 
 The real DGL run is CI's own step (.ci/compare_dgl.sh); here the two sides are metrics.json files
 written by hand, or tiny stand-in commands that write one.
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pyg_mgpu import compare_dgl
-from pyg_mgpu.compare_dgl import (EXIT_ACCURACY_GAP, EXIT_BAD_INPUT, EXIT_SIDE_FAILED, SIDES,
+from pyg_mgpu.tools import compare_dgl
+from pyg_mgpu.tools.compare_dgl import (EXIT_ACCURACY_GAP, EXIT_BAD_INPUT, EXIT_SIDE_FAILED, SIDES,
                                   SideFailed, check, compare_runs, format_table, main,
                                   run_side, side_commands, steady_epoch_time, summarize_run,
                                   summarize_side)
-from pyg_mgpu.config import TrainConfig
+from pyg_mgpu.train.config import TrainConfig
 
 REQUIRED = ("test_acc", "best_val_acc", "epoch_time_s", "peak_mem_mb")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.distributed import RankFailed, launch_local, resolve_devices
+from pyg_mgpu.distributed.launch import RankFailed, launch_local, resolve_devices
 
 import _ranks
 

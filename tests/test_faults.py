@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.distributed import RankFailed, launch_local
+from pyg_mgpu.distributed.launch import RankFailed, launch_local
 
 import _inference_ranks
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.feature_cache import FeatureCache, out_degree
-from pyg_mgpu.loader import make_loader
+from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
+from pyg_mgpu.sampling.loader import make_loader
 
 CPU = torch.device("cpu")
 
@@ -27,7 +27,7 @@ def test_gathers_exactly_the_requested_rows(graph, max_rows, dtype):
 
 
 def test_fills_the_cache_in_chunks(graph, monkeypatch):
-    monkeypatch.setattr("pyg_mgpu.feature_cache._CHUNK_ROWS", 7)
+    monkeypatch.setattr("pyg_mgpu.sampling.feature_cache._CHUNK_ROWS", 7)
     cache = FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), CPU, 100)
     n_id = torch.arange(graph.num_nodes)
     assert torch.equal(cache.gather(n_id), graph.x)
@@ -72,7 +72,7 @@ def test_pickled_copies_carry_no_rows(graph):
 
 
 def test_graph_stays_on_the_host_for_pyg_sampler_or_too_little_gpu_memory(graph):
-    from pyg_mgpu.loader import place_graph
+    from pyg_mgpu.sampling.loader import place_graph
     # PyG's sampler runs on the CPU: even a GPU rank with room to spare samples the host copy.
     # (Decided before any CUDA call, so this runs without a GPU.)
     assert place_graph(graph, torch.device("cuda", 0), "auto", sampler="pyg") is graph
@@ -83,7 +83,7 @@ def test_graph_stays_on_the_host_for_pyg_sampler_or_too_little_gpu_memory(graph)
 
 
 def test_cpu_ranks_never_touch_cuda_on_a_gpu_machine(graph, monkeypatch):
-    from pyg_mgpu.trainer import _rng_state
+    from pyg_mgpu.train.trainer import _rng_state
 
     def no_cuda(*args, **kwargs):
         raise AssertionError("a CPU rank opened CUDA")

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.distributed import launch_local
-from pyg_mgpu.inference import exact_accuracy, gathered_rows, layerwise_logits
-from pyg_mgpu.model import GraphSAGE
-from pyg_mgpu.sampler import NativeNeighborSampler
-from pyg_mgpu.sharding import shard_bounds
+from pyg_mgpu.distributed.launch import launch_local
+from pyg_mgpu.train.inference import exact_accuracy, gathered_rows, layerwise_logits
+from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.sampling.sampler import NativeNeighborSampler
+from pyg_mgpu.sampling.sharding import shard_bounds
 
 import _inference_ranks
 

@@ -1,4 +1,4 @@
-"""Tests for pyg_mgpu.memory: the PSS reader, and peaks measured on small python children."""
+"""Tests for pyg_mgpu.tools.memory: the PSS reader, and peaks measured on small python children."""
 import json
 import mmap
 import os
@@ -8,8 +8,8 @@ import textwrap
 import psutil
 import pytest
 
-from pyg_mgpu import memory
-from pyg_mgpu.memory import MB, main, read_pss, run_dir_of, tree_pss
+from pyg_mgpu.tools import memory
+from pyg_mgpu.tools.memory import MB, main, read_pss, run_dir_of, tree_pss
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PSS is Linux-only")
 

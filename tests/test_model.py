@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.loader import pyg_sampler_available
-from pyg_mgpu.model import GraphSAGE
-from pyg_mgpu.sampler import NativeNeighborSampler
+from pyg_mgpu.sampling.loader import pyg_sampler_available
+from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.sampling.sampler import NativeNeighborSampler
 
 
 def small_batch():
@@ -29,7 +29,7 @@ def test_trimmed_equals_untrimmed_on_seeds():
 
 
 def test_destination_pointers_by_count_and_by_search_agree():
-    from pyg_mgpu.model import _dst_pointers
+    from pyg_mgpu.nn.sage import _dst_pointers
     _, out, _, _ = small_batch()
     num_dst = out.num_sampled_nodes[0] + out.num_sampled_nodes[1]
     by_count = _dst_pointers(out.col, num_dst, without_sync=False)
@@ -61,7 +61,7 @@ def test_sparse_and_scatter_aggregation_agree():
 
 
 def test_relu_dropout_is_relu_then_unbiased_dropout():
-    from pyg_mgpu.model import relu_dropout
+    from pyg_mgpu.nn.sage import relu_dropout
     torch.manual_seed(0)
     x = torch.randn(1000, 1000)
     for p in (0.5, 0.2, 0.7):
@@ -86,7 +86,7 @@ def test_relu_dropout_is_relu_then_unbiased_dropout():
 def test_dropout_masks_are_independent_across_elements(dtype, p):
     # Each element must get its own random bits: an element reusing another's bit (same word,
     # same byte, or a shifted copy) would agree with it far more often than chance.
-    from pyg_mgpu.model import _keep_bytes, _keep_mask
+    from pyg_mgpu.nn.sage import _keep_bytes, _keep_mask
     torch.manual_seed(0)
     like = torch.empty(999, 1001, dtype=dtype)  # odd sizes: no lag lines up with a row
     keep = (_keep_mask(like, _keep_bytes(p)) != 0).flatten().double()
@@ -100,7 +100,7 @@ def test_dropout_masks_are_independent_across_elements(dtype, p):
 
 
 def test_relu_dropout_in_bfloat16_keeps_its_dtype():
-    from pyg_mgpu.model import relu_dropout
+    from pyg_mgpu.nn.sage import relu_dropout
     x = torch.randn(300, 300, dtype=torch.bfloat16, requires_grad=True)
     y = relu_dropout(x, 0.5)
     assert y.dtype == torch.bfloat16
@@ -114,7 +114,7 @@ def test_batches_without_hop_counts_run_untrimmed():
     # must still come out, from the untrimmed model, equal to the trimmed ones.
     from torch_geometric.data import Data
 
-    from pyg_mgpu.trainer import _forward
+    from pyg_mgpu.train.trainer import _forward
     g, out, x, edge_index = small_batch()
     model = GraphSAGE(8, 16, g.num_classes, 2).eval()
     with_counts = Data(x=x, edge_index=edge_index, batch_size=32,
@@ -128,8 +128,8 @@ def test_batches_without_hop_counts_run_untrimmed():
 @pytest.mark.skipif(not pyg_sampler_available(),
                     reason="PyG's sampler needs pyg-lib or torch-sparse (docs/benchmarks.md)")
 def test_pyg_sampler_batches_train_the_model():
-    from pyg_mgpu.loader import make_loader
-    from pyg_mgpu.trainer import _forward
+    from pyg_mgpu.sampling.loader import make_loader
+    from pyg_mgpu.train.trainer import _forward
     g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
     loader = make_loader(g, g.train_idx, fanout=[5, 5], sampler="pyg", seed=0, batch_size=64)
     model = GraphSAGE(8, 16, g.num_classes, 2)
@@ -147,7 +147,7 @@ def _bipartite_edges(num_src: int, num_dst: int, num_edges: int):
 def _sage_layer_ours_and_pygs(bf16: bool):
     """``sage_layer`` and PyG's ``SAGEConv`` on the same layer and edges (ours first): their
     float32 outputs, parameter gradients and input gradients."""
-    from pyg_mgpu.model import _dst_pointers, sage_layer
+    from pyg_mgpu.nn.sage import _dst_pointers, sage_layer
     from torch_geometric.nn import SAGEConv
     torch.manual_seed(0)
     conv = SAGEConv(16, 32, aggr="mean")

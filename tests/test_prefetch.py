@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from pyg_mgpu.prefetch import Prefetcher
+from pyg_mgpu.sampling.prefetch import Prefetcher
 
 CPU = torch.device("cpu")
 

@@ -1,10 +1,10 @@
-"""Tests for pyg_mgpu.report: per-run plots, the comparison CLI and its input errors."""
+"""Tests for pyg_mgpu.tools.report: per-run plots, the comparison CLI and its input errors."""
 import json
 from pathlib import Path
 
 import pytest
 
-from pyg_mgpu.report import format_table, load_metrics, main, plot_run
+from pyg_mgpu.tools.report import format_table, load_metrics, main, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,8 +9,8 @@ from torch_geometric.loader import NodeLoader
 
 from pyg_mgpu.data.graph import GraphStore
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.loader import make_loader
-from pyg_mgpu.sampler import NativeNeighborSampler
+from pyg_mgpu.sampling.loader import make_loader
+from pyg_mgpu.sampling.sampler import NativeNeighborSampler
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from pyg_mgpu.sharding import (check_shardable, epoch_batches, epoch_permutation, eval_shard,
+from pyg_mgpu.sampling.sharding import (check_shardable, epoch_batches, epoch_permutation, eval_shard,
                                shard_bounds, steps_per_epoch)
 
 CASES = [  # (num_items, world_size, batch_size)

@@ -1,7 +1,7 @@
 """Per-stage timing: a stage timed inside a lap (sampling) is carved out of that lap."""
 import torch
 
-from pyg_mgpu import trainer
+from pyg_mgpu.train import trainer
 
 
 def test_nested_stages_are_not_counted_twice(monkeypatch):

@@ -25,11 +25,11 @@ from unittest import mock
 import numpy as np
 import torch
 
-from .graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
-from .synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
+from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 
 if TYPE_CHECKING:
-    from ..config import TrainConfig
+    from pyg_mgpu.train.config import TrainConfig
 
 DATASETS = ("synthetic", "cora", "citeseer", "pubmed", "reddit",
             "ogbn-arxiv", "ogbn-products", "ogbn-papers100M")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .graph import GraphStore
+from pyg_mgpu.data.graph import GraphStore
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.loader import NodeLoader
 
-from .data.graph import GraphStore
-from .feature_cache import FeatureCache, out_degree
-from .sampler import NativeNeighborSampler
-from .sharding import epoch_batches, steps_per_epoch
+from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
+from pyg_mgpu.sampling.sampler import NativeNeighborSampler
+from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
 
 
 def pyg_sampler_available() -> bool:
@@ -36,7 +36,7 @@ class EpochBatchSampler:
     """Yields this rank's batches (positions into the training nodes) for the current epoch.
 
     Call :meth:`set_epoch` before each epoch; the batches come from
-    :func:`pyg_mgpu.sharding.epoch_batches`, so all ranks run the same number of steps.
+    :func:`pyg_mgpu.sampling.sharding.epoch_batches`, so all ranks run the same number of steps.
     """
 
     def __init__(self, num_items: int, *, seed: int, rank: int, world_size: int,

@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import save_torch
-from .config import TrainConfig
-from .data.datasets import load_configured
-from .data.graph import GraphStore
-from .distributed import RankContext, process_group, set_thread_budget, tune_cpu_allocator
-from .sharding import check_shardable
+from pyg_mgpu.train.checkpoint import save_torch
+from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.data.datasets import load_configured
+from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.distributed.launch import RankContext, process_group, set_thread_budget, tune_cpu_allocator
+from pyg_mgpu.sampling.sharding import check_shardable
 
 
 def _shm_path() -> Path:
@@ -50,7 +50,7 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore:
 
 def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     """The entry point under torchrun: same trainer, environment rendezvous."""
-    from .trainer import run_training
+    from pyg_mgpu.train.trainer import run_training
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -71,5 +71,5 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
         run_training(ctx, graph, cfg, str(out),
                      {"load_time_s": time.perf_counter() - start, "launcher": "torchrun"})
     if rank == 0:
-        from .report import plot_run
+        from pyg_mgpu.tools.report import plot_run
         plot_run(out)

@@ -24,19 +24,19 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from tqdm import tqdm
 
-from .checkpoint import CHECKPOINT, save_json, save_text, save_torch
-from .config import TrainConfig
-from .data.graph import GraphStore
-from .distributed import RankContext
-from .inference import exact_accuracy, layerwise_logits
-from .feature_cache import FeatureCache
-from .grad_sync import DeferredAllReduce
-from .loader import (EpochBatchSampler, make_feature_cache, make_loader, place_graph,
+from pyg_mgpu.train.checkpoint import CHECKPOINT, save_json, save_text, save_torch
+from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.distributed.launch import RankContext
+from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
+from pyg_mgpu.sampling.feature_cache import FeatureCache
+from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
+from pyg_mgpu.sampling.loader import (EpochBatchSampler, make_feature_cache, make_loader, place_graph,
                      resolve_sampler)
-from .model import GraphSAGE
-from .prefetch import Prefetcher
-from .sampler import NativeNeighborSampler
-from .sharding import eval_shard
+from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.sampling.prefetch import Prefetcher
+from pyg_mgpu.sampling.sampler import NativeNeighborSampler
+from pyg_mgpu.sampling.sharding import eval_shard
 
 HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_acc", "epoch_time_s", "eval_time_s")
 

@@ -7,7 +7,7 @@ in-neighbours, with the previous layer's full output as the source side, so the 
 one pass over the edges.
 
 Across ranks each layer is sharded: rank ``r`` computes the nodes of
-:func:`~pyg_mgpu.sharding.shard_bounds` and one all-gather assembles the layer on every rank.
+:func:`~pyg_mgpu.sampling.sharding.shard_bounds` and one all-gather assembles the layer on every rank.
 All-gather needs equal shapes, so every slice is padded to ``ceil(N / world_size)`` rows. Hidden
 layers stay in that padded layout (rank ``r``'s nodes start at row ``r * ceil(N / world_size)``,
 :func:`gathered_rows` maps node ids to rows) rather than being trimmed into a copy: one
@@ -22,9 +22,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data.graph import GraphStore
-from .model import GraphSAGE
-from .sharding import shard_bounds
+from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.sampling.sharding import shard_bounds
 
 # torch 2.13 deprecates all_gather_into_tensor in favour of all_gather_single (same semantics);
 # the project supports torch >= 2.1, which has only the former.

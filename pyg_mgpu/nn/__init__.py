@@ -1,0 +1,1 @@
+"""Models: the trimmed GraphSAGE fast path, and PyG's GNNs for ``--model``."""

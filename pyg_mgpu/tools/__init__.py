@@ -1,0 +1,1 @@
+"""Command-line tools around training runs: bench, report, memory, compare_dgl."""

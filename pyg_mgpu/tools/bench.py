@@ -1,0 +1,268 @@
+"""Side-by-side benchmark: ``python -m pyg_mgpu.bench`` (see docs/benchmarks.md).
+
+Training mode runs every system on the same synthetic graph with the same model size, fanout,
+batch size and rank count, one fresh job after another in this one command, and prints epoch
+times, seeds per second and each system's epoch-time ratio to pyg_mgpu and to DGL. Ratios from
+the same run are the numbers to trust: these machines are noisy, absolute seconds are not.
+
+Systems:
+- ``pyg_mgpu``: this project (native sampler, trimmed layers, embedding-bag mean aggregation,
+  byte dropout).
+- ``pyg_mgpu_bf16``: the same with ``--amp bf16``.
+- ``pyg_model_native_sampler``: PyG's multi-GPU example model as written (every layer on every
+  sampled node) fed by our sampler, run like the recipe (glibc's default allocator): the
+  recipe's cost without PyG's sampler. Always available.
+- ``pyg_recipe``: PyG's example as written, ``NeighborLoader`` sampling included; needs pyg-lib
+  or torch-sparse (see docs/benchmarks.md for building torch-sparse).
+- ``dgl``: DGL's recipe (benchmarks/dgl_variant.py) in its own environment, when built.
+
+``--sampler-only`` measures sampled edges per second for the native sampler (one thread, and
+through DataLoader workers) and for PyG's sampler when available.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from pyg_mgpu.distributed.launch import resolve_devices
+
+SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_model_native_sampler", "pyg_recipe", "dgl")
+SYSTEM_FLAGS = {
+    "pyg_mgpu": ["--recipe", "pyg_mgpu", "--sampler", "native"],
+    "pyg_mgpu_bf16": ["--recipe", "pyg_mgpu", "--sampler", "native", "--amp", "bf16"],
+    "pyg_model_native_sampler": ["--recipe", "pyg", "--sampler", "native"],
+    "pyg_recipe": ["--recipe", "pyg", "--sampler", "pyg"],
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pyg_mgpu.bench", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--num-nodes", type=int, default=100_000)
+    p.add_argument("--num-edges", type=int, default=2_000_000)
+    p.add_argument("--num-features", type=int, default=128)
+    p.add_argument("--num-classes", type=int, default=32)
+    p.add_argument("--fanout", default="25,10")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--devices", default="cpu")
+    p.add_argument("--nprocs", type=int, default=None,
+                   help="ranks per system (default: 2 on CPU, every visible GPU on CUDA)")
+    p.add_argument("--epochs", type=int, default=3,
+                   help="epochs per system; the first is a warm-up when there are several")
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--systems", default="pyg_mgpu,pyg_model_native_sampler,pyg_recipe,dgl",
+                   help=f"comma-separated, from {', '.join(SYSTEMS)}; unavailable ones are "
+                        "reported as skipped")
+    p.add_argument("--dgl-python", default=None,
+                   help="python of an environment with DGL (default: the one "
+                        "benchmarks/dgl_env.sh builds, if present)")
+    p.add_argument("--sampler-only", action="store_true",
+                   help="measure sampled edges/s instead of training")
+    p.add_argument("--batches", type=int, default=30, help="batches per sampler measurement")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="folder for bench.json and each system's run")
+    return p
+
+
+def _graph_flags(args) -> list[str]:
+    return ["--num-nodes", str(args.num_nodes), "--num-edges", str(args.num_edges),
+            "--num-features", str(args.num_features), "--num-classes", str(args.num_classes)]
+
+
+def _steady_epoch_time(metrics: dict) -> float:
+    times = [e["epoch_time_s"] for e in metrics["epochs"]]
+    steady = times[1:] if len(times) > 1 else times
+    return sum(steady) / len(steady)
+
+
+def _run_pyg_mgpu(system: str, args, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "pyg_mgpu.distributed_sampling", *_graph_flags(args),
+           "--fanout", args.fanout, "--batch-size", str(args.batch_size),
+           "--hidden", str(args.hidden), "--devices", args.devices, "--nprocs", str(args.nprocs),
+           "--epochs", str(args.epochs), "--num-workers", str(args.num_workers),
+           "--seed", str(args.seed), "--out", str(out), *SYSTEM_FLAGS[system]]
+    return _run(cmd, out)
+
+
+def _run_dgl(args, out: Path) -> dict:
+    env = Path(os.environ.get("PYG_MGPU_DGL_ENV", Path.home() / ".cache/pyg_mgpu/dgl-env"))
+    python = args.dgl_python or str(env / "bin" / "python")
+    if not Path(python).is_file():
+        return {"skipped": "no DGL environment: run bash benchmarks/dgl_env.sh or pass "
+                           "--dgl-python"}
+    npz = out / "graph.npz"
+    out.mkdir(parents=True, exist_ok=True)
+    graph = _synthetic_graph(args)
+    graph.save_npz(npz)
+    train_nodes = graph.train_idx.numel()
+    del graph
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "dgl_variant.py"
+    cmd = [python, str(script), "--npz", str(npz), "--nprocs", str(args.nprocs),
+           "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+           "--fanout", args.fanout, "--hidden", str(args.hidden), "--seed", str(args.seed),
+           "--devices", "cpu" if args.devices == "cpu" else "auto", "--out", str(out)]
+    result = _run(cmd, out, train_nodes)
+    npz.unlink(missing_ok=True)
+    return result
+
+
+def _synthetic_graph(args, num_features: Optional[int] = None):
+    """The benchmark graph the training systems generate from the same flags."""
+    from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+    spec = SyntheticSpec(num_nodes=args.num_nodes, num_edges=args.num_edges,
+                         num_features=num_features or args.num_features,
+                         num_classes=args.num_classes)
+    return make_synthetic(spec, args.seed)
+
+
+def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None) -> dict:
+    print("+ " + " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        return {"failed": f"exit code {proc.returncode}", "log_tail": proc.stdout[-2000:]}
+    metrics = json.loads((out / "metrics.json").read_text())
+    epoch_time = _steady_epoch_time(metrics)
+    return {"epoch_time_s": epoch_time,
+            "seeds_per_s": (train_nodes or metrics.get("train_nodes", 0)) / epoch_time,
+            "test_acc": metrics.get("test_acc"), "best_val_acc": metrics.get("best_val_acc"),
+            "peak_mem_mb": metrics.get("peak_mem_mb"),
+            "stage_times_s": metrics.get("stage_times_s"),
+            "job_wall_s": time.perf_counter() - start}
+
+
+def run_training_bench(args, out: Path) -> dict:
+    from pyg_mgpu.sampling.loader import pyg_sampler_available
+    results: dict = {}
+    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+        if system not in SYSTEMS:
+            raise SystemExit(f"error: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+        if system == "pyg_recipe" and not pyg_sampler_available():
+            results[system] = {"skipped": "needs pyg-lib or torch-sparse (docs/benchmarks.md)"}
+        elif system == "dgl":
+            results[system] = _run_dgl(args, out / system)
+        else:
+            results[system] = _run_pyg_mgpu(system, args, out / system)
+    add_ratios(results)
+    return results
+
+
+def add_ratios(results: dict) -> None:
+    """Every system's epoch time over pyg_mgpu's and over DGL's, where those ran."""
+    for reference in ("pyg_mgpu", "dgl"):
+        base = results.get(reference, {}).get("epoch_time_s")
+        for r in results.values():
+            if base and r.get("epoch_time_s"):
+                r[f"epoch_time_vs_{reference}"] = r["epoch_time_s"] / base
+
+
+def _sampled_edges_per_s(make_batches, batches: int) -> float:
+    iterator = iter(make_batches())
+    next(iterator)  # warm-up: lazy buffers, worker start
+    edges, start = 0, time.perf_counter()
+    for _, batch in zip(range(batches), iterator):
+        edges += batch
+    return edges / (time.perf_counter() - start)
+
+
+def run_sampler_bench(args) -> dict:
+    import torch
+
+    from pyg_mgpu.distributed.launch import usable_cores
+    from pyg_mgpu.sampling.loader import make_loader, pyg_sampler_available
+    from pyg_mgpu.sampling.sampler import NativeNeighborSampler
+
+    torch.set_num_threads(1)
+    fanout = [int(k) for k in args.fanout.split(",")]
+    graph = _synthetic_graph(args, num_features=1)  # features play no part in sampling
+    seeds = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(0))
+    needed = (args.batches + 1) * args.batch_size
+    seeds = seeds[:needed] if needed <= seeds.numel() else seeds
+    results: dict = {"graph": graph.summary(), "fanout": fanout, "batch_size": args.batch_size}
+
+    sampler = NativeNeighborSampler(graph.colptr, graph.row, fanout, seed=0)
+
+    def native_direct():
+        for batch in seeds.split(args.batch_size):
+            yield sampler.sample(batch).row.numel()
+    results["native_1_thread"] = _sampled_edges_per_s(native_direct, args.batches)
+
+    for workers in sorted({0, 1, usable_cores()}):
+        def via_loader(workers=workers):
+            loader = make_loader(graph, seeds, fanout=fanout, sampler="native", seed=0,
+                                 batch_size=args.batch_size, num_workers=workers)
+            for batch in loader:
+                yield batch.edge_index.size(1)
+        results[f"native_loader_{workers}_workers"] = _sampled_edges_per_s(via_loader,
+                                                                           args.batches)
+    if pyg_sampler_available():
+        from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
+        from torch_geometric.data import Data
+        pyg = NeighborSampler(Data(edge_index=graph.edge_index(), num_nodes=graph.num_nodes),
+                              num_neighbors=fanout)
+
+        def pyg_direct():
+            for batch in seeds.split(args.batch_size):
+                out = pyg.sample_from_nodes(NodeSamplerInput(input_id=None, node=batch))
+                yield out.row.numel()
+        results["pyg_1_thread"] = _sampled_edges_per_s(pyg_direct, args.batches)
+        results["native_vs_pyg"] = results["native_1_thread"] / results["pyg_1_thread"]
+    else:
+        results["pyg_1_thread"] = "skipped: needs pyg-lib or torch-sparse"
+    return results
+
+
+def format_training(results: dict) -> str:
+    """A table of the systems; ratio columns are epoch-time ratios (below 1: faster)."""
+    references = [ref for ref in ("pyg_mgpu", "dgl")
+                  if results.get(ref, {}).get("epoch_time_s")]
+    lines = [f"{'system':26s} {'epoch s':>9s} {'seeds/s':>9s} "
+             + "".join(f"{'vs ' + ref:>13s}" for ref in references) + f" {'test acc':>9s}"]
+    for name, r in results.items():
+        if "epoch_time_s" not in r:
+            lines.append(f"{name:26s} {r.get('skipped') or r.get('failed')}")
+            continue
+        ratios = "".join(f"{r[f'epoch_time_vs_{ref}']:12.2f}x" for ref in references)
+        lines.append(f"{name:26s} {r['epoch_time_s']:9.2f} {r['seeds_per_s']:9.0f} {ratios} "
+                     f"{r['test_acc']:9.4f}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:  # one rank count for every system, DGL's included
+        args.nprocs = len(resolve_devices(args.devices, args.nprocs))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    if args.sampler_only:
+        results = run_sampler_bench(args)
+        for key, value in results.items():
+            shown = f"{value / 1e6:.2f}M edges/s" if isinstance(value, float) and \
+                "_vs_" not in key else value
+            print(f"{key:28s} {shown}")
+    else:
+        results = run_training_bench(args, out)
+        print(format_training(results))
+    report = {"mode": "sampler" if args.sampler_only else "training",
+              "args": vars(args), "results": results}
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    print(f"written {out / 'bench.json'}")
+    failed = [n for n, r in results.items() if isinstance(r, dict) and "failed" in r]
+    for name in failed:
+        print(f"error: {name} failed:\n{results[name]['log_tail']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,482 @@
+"""Side by side with DGL's recipe: ``python -m pyg_mgpu.compare_dgl``.
+
+Takes the main command's dataset and training flags, exports the dataset once to the neutral
+``.npz`` format, and trains on it twice with the same ranks, fanout, batch size, hidden size,
+learning rate, dropout, epochs and seed: once with ``python -m pyg_mgpu.distributed_sampling``,
+once with DGL's multi-GPU recipe (``benchmarks/dgl_variant.py``, run by the separate DGL
+environment that ``benchmarks/dgl_env.sh`` builds). Both write ``metrics.json``; this module reads
+the two, prints a table (test accuracy, best validation accuracy, mean epoch time, peak memory)
+and writes it to ``--out`` as ``comparison.md`` and ``comparison.json``.
+
+Exit codes: 0 the test accuracies agree within ``--tolerance``; 1 a side failed (crashed, timed
+out, wrote no metrics) or the DGL environment could not be built; 2 bad input; 3 the test
+accuracies differ by more than ``--tolerance``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from pyg_mgpu.train.checkpoint import save_json, save_text
+from pyg_mgpu.train.config import ConfigError, TrainConfig
+from pyg_mgpu.distributed_sampling import build_parser as build_train_parser
+from pyg_mgpu.tools.report import RunError, load_metrics
+
+SIDES = ("pyg_mgpu", "dgl")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DGL_SCRIPT = REPO_ROOT / "benchmarks" / "dgl_variant.py"
+DGL_ENV_SCRIPT = REPO_ROOT / "benchmarks" / "dgl_env.sh"
+# Absolute gap in test accuracy tolerated between the sides; docs/comparison.md shows the
+# seed-to-seed spread it was chosen from.
+DEFAULT_TOLERANCE = 0.03
+EXIT_SIDE_FAILED, EXIT_BAD_INPUT, EXIT_ACCURACY_GAP = 1, 2, 3
+# Flags of the main command that the comparison fixes: the DGL recipe has one way only, and a
+# comparison starts from scratch.
+FIXED_FLAGS = {"eval_on": "rank0", "eval_every": 1, "eval_batch_size": None, "resume": None}
+# Main-command settings both sides get (side_commands spells them out), or that only choose the
+# data, which both sides read from the one exported .npz.
+SHARED_FIELDS = {"dataset", "root", "devices", "nprocs", "epochs", "batch_size", "fanout",
+                 "hidden", "dropout", "lr", "seed", "num_workers", "out", "num_nodes",
+                 "num_edges", "num_features", "num_classes", *FIXED_FLAGS}
+
+
+class CompareError(ValueError):
+    """Bad input to the comparison; the message names the flag."""
+
+
+class SideFailed(RuntimeError):
+    """One side crashed, timed out or wrote no metrics; the message says which and where."""
+
+
+# Pure summaries: metrics.json dicts in, plain dicts out (tested without processes).
+
+def steady_epoch_time(records: Sequence[dict]) -> float:
+    """Mean training seconds per epoch, leaving out the first epoch when there are others.
+
+    The first epoch carries one-off costs (allocator warm-up, lazy initialisation, DGL building
+    its sampling structures) that would otherwise dominate the short runs CI makes.
+    """
+    times = [float(r["epoch_time_s"]) for r in records]
+    steady = times[1:] if len(times) > 1 else times
+    return sum(steady) / len(steady)
+
+
+def summarize_run(metrics: dict) -> dict:
+    """The numbers the comparison shows, from one run's ``metrics.json``."""
+    records = metrics["epochs"]
+    return {
+        "seed": metrics.get("config", {}).get("seed"),
+        "test_acc": float(metrics["test_acc"]),
+        "best_val_acc": float(metrics["best_val_acc"]),
+        "best_epoch": metrics.get("best_epoch"),
+        "epoch_time_s": steady_epoch_time(records),
+        "first_epoch_time_s": float(records[0]["epoch_time_s"]),
+        "epochs": len(records),
+        "peak_mem_mb": float(metrics["peak_mem_mb"]),
+        "wall_time_s": metrics.get("wall_time_s"),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: Sequence[float]) -> Optional[float]:
+    """Sample standard deviation; ``None`` for a single value."""
+    if len(values) < 2:
+        return None
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def summarize_side(runs: Sequence[dict], info: Optional[dict] = None) -> dict:
+    """Means over one side's runs (one per seed), the test accuracy's spread, and the runs.
+
+    Args:
+        runs: :func:`summarize_run` results, one per seed.
+        info: Facts shared by the runs (dataset, world size, device, backend, sampler).
+    """
+    if not runs:
+        raise ValueError("summarize_side needs at least one run")
+    tests = [r["test_acc"] for r in runs]
+    return {
+        **(info or {}),
+        "test_acc": _mean(tests),
+        "test_acc_std": _std(tests),
+        "test_acc_min": min(tests),
+        "test_acc_max": max(tests),
+        "best_val_acc": _mean([r["best_val_acc"] for r in runs]),
+        "epoch_time_s": _mean([r["epoch_time_s"] for r in runs]),
+        "first_epoch_time_s": _mean([r["first_epoch_time_s"] for r in runs]),
+        "peak_mem_mb": _mean([r["peak_mem_mb"] for r in runs]),
+        "wall_time_s": (_mean([r["wall_time_s"] for r in runs])
+                        if all(r["wall_time_s"] is not None for r in runs) else None),
+        "num_runs": len(runs),
+        "runs": list(runs),
+    }
+
+
+def side_info(metrics: dict) -> dict:
+    """What a run was (not how it went): shown once per side."""
+    keys = ("dataset", "world_size", "device", "backend", "sampler", "threads_per_rank",
+            "framework")
+    return {k: metrics[k] for k in keys if k in metrics}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The CI check: the sides' mean test accuracies differ by at most ``tolerance``."""
+
+    gap: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        # A hair of slack so a gap equal to the tolerance in decimal passes in binary too.
+        return self.gap <= self.tolerance + 1e-12
+
+    def describe(self) -> str:
+        word = "within" if self.passed else "OVER"
+        return f"test accuracy gap {self.gap:.4f}: {word} the tolerance {self.tolerance:.4f}"
+
+
+def check(comparison: dict, tolerance: float) -> Verdict:
+    return Verdict(gap=abs(comparison["pyg_mgpu"]["test_acc"] - comparison["dgl"]["test_acc"]),
+                   tolerance=tolerance)
+
+
+def _acc(side: dict) -> str:
+    text = f"{side['test_acc']:.4f}"
+    if side.get("test_acc_std") is not None:
+        text += f" ± {side['test_acc_std']:.4f} ({side['num_runs']} seeds)"
+    return text
+
+
+def _num(spec: str):
+    return lambda v: "-" if v is None else spec.format(v)
+
+
+# (row label, function of one side's summary)
+TABLE_ROWS = (
+    ("test acc", _acc),
+    ("best val acc", lambda s: _num("{:.4f}")(s["best_val_acc"])),
+    ("mean epoch s (after the 1st)", lambda s: _num("{:.3f}")(s["epoch_time_s"])),
+    ("first epoch s", lambda s: _num("{:.3f}")(s["first_epoch_time_s"])),
+    ("peak mem MB (sum of ranks' RSS)", lambda s: _num("{:.0f}")(s["peak_mem_mb"])),
+    ("wall s (ranks' start to test)", lambda s: _num("{:.1f}")(s.get("wall_time_s"))),
+    ("ranks x device (backend)", lambda s: f"{s.get('world_size', '?')} x "
+                                           f"{s.get('device', '?')} ({s.get('backend', '?')})"),
+    ("sampler", lambda s: str(s.get("sampler", "-"))),
+)
+
+
+def format_table(comparison: dict) -> str:
+    """A Markdown table, one column per side, padded to read as plain text as well."""
+    rows = [("", *SIDES)] + [(label, *(cell(comparison[s]) for s in SIDES))
+                             for label, cell in TABLE_ROWS]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(SIDES) + 1)]
+    fmt = lambda r: "| " + " | ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + " |"  # noqa: E731
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([fmt(rows[0]), rule, *map(fmt, rows[1:])]) + "\n"
+
+
+def format_report(comparison: dict, verdict: Verdict, settings: dict,
+                  commands: Sequence[str] = ()) -> str:
+    """The whole ``comparison.md``: settings, table, verdict, per-seed runs and commands."""
+    shared = ", ".join(f"{k} {v}" for k, v in settings.items())
+    lines = ["# pyg_mgpu vs DGL's recipe", "", f"Settings shared by both sides: {shared}.", "",
+             format_table(comparison), f"**{verdict.describe()}.**", ""]
+    if any(comparison[s]["num_runs"] > 1 for s in SIDES):
+        lines += ["Per seed (test acc / best val acc / mean epoch s):", ""]
+        for s in SIDES:
+            runs = "; ".join(f"seed {r['seed']}: {r['test_acc']:.4f} / {r['best_val_acc']:.4f} / "
+                             f"{r['epoch_time_s']:.3f}" for r in comparison[s]["runs"])
+            lines.append(f"- {s}: {runs}")
+        lines.append("")
+    if commands:
+        lines += ["Commands:", "", "```bash", *commands, "```", ""]
+    return "\n".join(lines)
+
+
+def compare_runs(run_dirs: dict[str, Sequence[Path]]) -> dict:
+    """``{"pyg_mgpu": {...}, "dgl": {...}}`` from each side's run folders (one per seed)."""
+    comparison = {}
+    for side in SIDES:
+        metrics = [load_metrics(d) for d in run_dirs[side]]
+        for m, d in zip(metrics, run_dirs[side]):
+            if m.get("test_acc") is None or m.get("best_val_acc") is None:
+                raise RunError(f"{d}/metrics.json has no test_acc/best_val_acc; the run did "
+                               "not finish")
+        comparison[side] = summarize_side([summarize_run(m) for m in metrics],
+                                          side_info(metrics[0]))
+    return comparison
+
+
+# Running the two sides.
+
+def build_parser() -> argparse.ArgumentParser:
+    """The main command's flags, plus the comparison's own."""
+    p = build_train_parser()
+    p.prog = "python -m pyg_mgpu.compare_dgl"
+    p.description = ("Train with pyg_mgpu and with DGL's recipe on the same data and settings; "
+                     "print and write a side-by-side table. Exit 1: a side failed; 2: bad "
+                     "input; 3: test accuracies differ by more than --tolerance.")
+    for action in p._actions:
+        if action.dest == "out":
+            action.help = ("folder for comparison.md/.json, the exported dataset and both "
+                           "sides' runs (default: runs/compare-dgl-<timestamp>)")
+    g = p.add_argument_group("comparison with DGL")
+    g.add_argument("--dgl-python", default=None,
+                   help="python of the DGL environment (default: the one benchmarks/dgl_env.sh "
+                        "builds or reuses under ~/.cache/pyg_mgpu/dgl-env)")
+    g.add_argument("--dgl-sampler", choices=["dataloader", "graphbolt"], default="dataloader",
+                   help="DGL side: DataLoader(use_ddp=True) or GraphBolt's "
+                        "DistributedItemSampler")
+    g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="largest accepted absolute gap between the sides' test accuracies "
+                        "(means over the seeds)")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="train each side with seeds --seed, --seed+1, ... (the dataset stays "
+                        "the one --seed makes) and compare the means")
+    g.add_argument("--side-timeout", type=float, default=3600.0,
+                   help="seconds one training run may take before it counts as failed")
+    g.add_argument("--compare-only", nargs=2, type=Path, metavar=("PYG_DIR", "DGL_DIR"),
+                   help="skip training: compare two existing run folders")
+    return p
+
+
+def _split_args(args: argparse.Namespace) -> tuple[TrainConfig, argparse.Namespace]:
+    own = {"dgl_python", "dgl_sampler", "tolerance", "repeats", "side_timeout", "compare_only"}
+    train = {k: v for k, v in vars(args).items() if k not in own}
+    rest = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in own})
+    if rest.tolerance < 0:
+        raise CompareError(f"--tolerance must be >= 0 (an absolute accuracy gap), got "
+                           f"{rest.tolerance}.")
+    if rest.repeats < 1:
+        raise CompareError(f"--repeats must be a positive integer, got {rest.repeats}.")
+    if rest.side_timeout <= 0:
+        raise CompareError(f"--side-timeout must be positive seconds, got {rest.side_timeout}.")
+    for key, value in FIXED_FLAGS.items():
+        if train[key] != value:
+            flag = "--" + key.replace("_", "-")
+            raise CompareError(f"{flag} {train[key]}: the comparison starts a fresh run and, as "
+                               "DGL's recipe does, validates on rank 0 after every epoch with "
+                               f"the training batch size; drop {flag}.")
+    return TrainConfig(**train), rest
+
+
+def dgl_devices(cfg: TrainConfig) -> tuple[str, int]:
+    """The DGL side's ``--devices`` and rank count for the main command's ``--devices``."""
+    from pyg_mgpu.distributed.launch import resolve_devices
+
+    devices = resolve_devices(cfg.devices, cfg.nprocs)
+    if devices[0].type == "cpu":
+        return "cpu", len(devices)
+    if [d.index for d in devices] != list(range(len(devices))):
+        raise CompareError(f"--devices {cfg.devices}: the DGL side uses GPUs 0..N-1 (one per "
+                           "rank); pass --devices cuda --nprocs N.")
+    return "cuda", len(devices)
+
+
+def export_dataset(cfg: TrainConfig, folder: Path) -> Path:
+    """The dataset both sides read, as ``.npz`` (a ``.npz`` input is used as it is)."""
+    if cfg.dataset.endswith(".npz"):
+        return Path(cfg.dataset).resolve()
+    from pyg_mgpu.data.datasets import load_configured
+
+    graph = load_configured(cfg, for_training=False)  # DGL gets the dataset as read
+    print(f"[compare] {graph.summary()}", flush=True)
+    return graph.save_npz(folder / f"{cfg.dataset.lower()}.npz").resolve()
+
+
+def run_folder(out: Path, side: str, seed: int) -> Path:
+    """Where one side's run for one seed writes its metrics.json."""
+    return out / side / f"seed{seed}"
+
+
+def pyg_only_flags(cfg: TrainConfig) -> list[str]:
+    """The main command's other flags the user set (``--sampler``, ``--amp``, ``--recipe``, ...),
+    passed on to the pyg_mgpu side only, so none is silently dropped."""
+    flags = []
+    for action in build_train_parser()._actions:
+        if action.dest in SHARED_FIELDS or not hasattr(cfg, action.dest):
+            continue
+        value = getattr(cfg, action.dest)
+        if value == action.default:
+            continue
+        if action.nargs == 0:  # an on/off switch such as --profile
+            flags.append(action.option_strings[0])
+        else:
+            flags += [action.option_strings[0], str(value)]
+    return flags
+
+
+def side_commands(cfg: TrainConfig, npz: Path, seed: int, out: Path, dgl_python: str,
+                  dgl_sampler: str) -> dict[str, list[str]]:
+    """Both sides' command lines for one seed, with every shared setting spelled out."""
+    dgl_device, nprocs = dgl_devices(cfg)
+    shared = ["--nprocs", str(nprocs), "--epochs", str(cfg.epochs),
+              "--batch-size", str(cfg.batch_size), "--fanout", ",".join(map(str, cfg.fanout)),
+              "--hidden", str(cfg.hidden), "--dropout", str(cfg.dropout), "--lr", str(cfg.lr),
+              "--seed", str(seed), "--num-workers", str(cfg.num_workers)]
+    return {
+        "pyg_mgpu": [sys.executable, "-m", "pyg_mgpu.distributed_sampling",
+                     "--dataset", str(npz), "--devices", cfg.devices, *shared,
+                     "--eval-on", "rank0", "--eval-every", "1", *pyg_only_flags(cfg),
+                     "--out", str(run_folder(out, "pyg_mgpu", seed))],
+        "dgl": [dgl_python, str(DGL_SCRIPT), "--npz", str(npz), "--devices", dgl_device,
+                *shared, "--sampler", dgl_sampler, "--out", str(run_folder(out, "dgl", seed))],
+    }
+
+
+def run_side(side: str, cmd: list[str], log: Path, timeout_s: float) -> None:
+    """Runs one training command, echoing its output and keeping all of it in ``log``.
+
+    Raises:
+        SideFailed: the command exited non-zero (the message quotes the log's last lines) or
+            ran past ``timeout_s`` (it is killed with every process it started).
+    """
+    env = dict(os.environ)
+    # The child runs this very checkout of pyg_mgpu, whatever the working directory.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[compare] {side}: {' '.join(cmd)}", flush=True)
+    # Bytes, not text mode: text mode would turn progress bars' carriage returns into newlines.
+    with open(log, "w") as f, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True) as proc:
+        # A thread copies the output, so a silent, hung run still meets the timeout below.
+        pump = threading.Thread(target=_copy_output, args=(proc.stdout, f, side), daemon=True)
+        pump.start()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # it may have just ended
+                os.killpg(proc.pid, signal.SIGKILL)  # the whole session: the run and its ranks
+            proc.wait()
+            pump.join()
+            raise SideFailed(f"{side} ran past --side-timeout {timeout_s:g}s and was killed; "
+                             f"its output is in {log}") from None
+        pump.join()
+    if proc.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
+        raise SideFailed(f"{side} failed with exit code {proc.returncode}; last lines of "
+                         f"{log}:\n{tail}")
+
+
+def _copy_output(stream, log, side: str) -> None:
+    for raw in stream:
+        line = raw.decode(errors="replace")
+        log.write(line)
+        # Progress bars redraw with carriage returns: echo only their final state.
+        shown = line.rstrip("\n").rsplit("\r", 1)[-1].rstrip()
+        if shown:
+            print(f"  [{side}] {shown}", flush=True)
+
+
+def resolve_dgl_python(given: Optional[str]) -> str:
+    """``--dgl-python`` as given, or the python of the environment ``dgl_env.sh`` builds."""
+    if given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            raise CompareError(f"--dgl-python {given}: not an executable file; pass the python "
+                               "of an environment with DGL, or leave the flag out to build one.")
+        return given
+    if not DGL_ENV_SCRIPT.is_file():
+        raise CompareError(f"{DGL_ENV_SCRIPT} is missing (pyg_mgpu runs outside its checkout?); "
+                           "pass --dgl-python PATH.")
+    print("[compare] DGL environment: bash benchmarks/dgl_env.sh (builds it on first use, "
+          "several minutes)", flush=True)
+    result = subprocess.run(["bash", str(DGL_ENV_SCRIPT)], stdout=subprocess.PIPE, text=True)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise SideFailed(f"building the DGL environment failed (exit code {result.returncode}); "
+                         f"its log is above. Rerun bash {DGL_ENV_SCRIPT} to retry.")
+    return lines[-1]
+
+
+def make_out_dir(out: Optional[str]) -> Path:
+    path = Path(out) if out else Path("runs") / time.strftime("compare-dgl-%Y%m%d-%H%M%S")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CompareError(f"--out {path}: cannot write there ({e.strerror}); choose a "
+                           "writable folder.")
+    return path
+
+
+def write_outputs(comparison: dict, verdict: Verdict, settings: dict, commands: Sequence[str],
+                  out: Path) -> None:
+    save_json(comparison, out / "comparison.json")
+    save_text(format_report(comparison, verdict, settings, commands), out / "comparison.md")
+
+
+def shared_settings(cfg: TrainConfig, nprocs: int) -> dict:
+    return {"dataset": cfg.dataset, "ranks": nprocs, "fanout": ",".join(map(str, cfg.fanout)),
+            "batch size": cfg.batch_size, "hidden": cfg.hidden, "lr": cfg.lr,
+            "dropout": cfg.dropout, "epochs": cfg.epochs, "seed": cfg.seed}
+
+
+def run(cfg: TrainConfig, opts: argparse.Namespace) -> tuple[dict, Verdict]:
+    out = make_out_dir(cfg.out)
+    if opts.compare_only:
+        pyg_dir, dgl_dir = opts.compare_only
+        comparison = compare_runs({"pyg_mgpu": [pyg_dir], "dgl": [dgl_dir]})
+        settings = {"runs": f"{pyg_dir} vs {dgl_dir}"}
+        commands: list[str] = []
+    else:
+        _, nprocs = dgl_devices(cfg)  # bad --devices fails here, before any training
+        dgl_python = resolve_dgl_python(opts.dgl_python)
+        npz = export_dataset(cfg, out / "data")
+        dirs: dict[str, list[Path]] = {s: [] for s in SIDES}
+        commands = []
+        for seed in range(cfg.seed, cfg.seed + opts.repeats):
+            cmds = side_commands(cfg, npz, seed, out, dgl_python, opts.dgl_sampler)
+            for side in SIDES:
+                run_dir = run_folder(out, side, seed)
+                # A metrics.json left by an earlier comparison in this --out must not stand in
+                # for this run's.
+                (run_dir / "metrics.json").unlink(missing_ok=True)
+                run_side(side, cmds[side], run_dir / "log.txt", opts.side_timeout)
+                dirs[side].append(run_dir)
+                commands.append(" ".join(cmds[side]))
+        try:
+            comparison = compare_runs(dirs)
+        except RunError as e:  # the command succeeded, yet its metrics are missing or partial
+            raise SideFailed(str(e)) from None
+        settings = shared_settings(cfg, nprocs)
+    verdict = check(comparison, opts.tolerance)
+    write_outputs(comparison, verdict, settings, commands, out)
+    print(format_table(comparison), end="")
+    print(f"{verdict.describe()}; wrote {out / 'comparison.md'} and {out / 'comparison.json'}")
+    return comparison, verdict
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg, opts = _split_args(args)
+        _, verdict = run(cfg, opts)
+    except (CompareError, ConfigError, RunError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SideFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_SIDE_FAILED
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0 if verdict.passed else EXIT_ACCURACY_GAP
+
+
+if __name__ == "__main__":
+    sys.exit(main())
