@@ -11,7 +11,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from pyg_mgpu.data import SyntheticSpec, load_dataset
+from pyg_mgpu.data import load_dataset
 
 
 def main() -> None:
@@ -24,28 +24,28 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    graph = load_dataset(args.dataset, args.root, seed=args.seed, synthetic=SyntheticSpec())
+    data = load_dataset(args.dataset, args.root, seed=args.seed)
     torch.manual_seed(args.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(graph.num_features, args.hidden), torch.nn.ReLU(),
+    model = torch.nn.Sequential(torch.nn.Linear(data.num_features, args.hidden), torch.nn.ReLU(),
                                 torch.nn.Dropout(0.5), torch.nn.Linear(args.hidden,
-                                                                       graph.num_classes))
+                                                                       data.num_classes))
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=5e-4)
 
-    def accuracy(idx: torch.Tensor) -> float:
+    def accuracy(mask: torch.Tensor) -> float:
         model.eval()
         with torch.no_grad():
-            return float((model(graph.x[idx]).argmax(-1) == graph.y[idx]).float().mean())
+            return float((model(data.x[mask]).argmax(-1) == data.y[mask]).float().mean())
 
     best_val, test_at_best = -1.0, 0.0
     for _ in range(args.epochs):
         model.train()
         opt.zero_grad()
-        F.cross_entropy(model(graph.x[graph.train_idx]), graph.y[graph.train_idx]).backward()
+        F.cross_entropy(model(data.x[data.train_mask]), data.y[data.train_mask]).backward()
         opt.step()
-        val = accuracy(graph.val_idx)
+        val = accuracy(data.val_mask)
         if val > best_val:
-            best_val, test_at_best = val, accuracy(graph.test_idx)
-    print(f"{graph.name} MLP: best val acc {best_val:.4f} | test acc {test_at_best:.4f}")
+            best_val, test_at_best = val, accuracy(data.test_mask)
+    print(f"{args.dataset} MLP: best val acc {best_val:.4f} | test acc {test_at_best:.4f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Multi-GPU / multi-CPU-rank GraphSAGE training: ``python -m pyg_mgpu.distributed_sampling``.
+"""Multi-GPU / multi-CPU-rank GNN training: ``python -m pyg_mgpu.distributed_sampling``.
 
 The parent loads the dataset once into shared memory, then starts one rank per device (or runs
 as one rank of a ``torchrun`` job). Mistakes in the input end with a one-line error and exit
@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.train.config import ConfigError, TrainConfig
+from pyg_mgpu.train.config import MODELS, ConfigError, TrainConfig
 
 
 def parse_fanout(text: str) -> tuple[int, ...]:
@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = argparse.ArgumentParser(
         prog="python -m pyg_mgpu.distributed_sampling",
-        description="Train GraphSAGE with neighbour sampling on every GPU (or N CPU ranks).",
+        description="Train a GNN (GraphSAGE, or PyG's GCN, GAT, GIN: --model) with neighbour "
+                    "sampling on every GPU (or N CPU ranks).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", default=d.dataset,
                    help="synthetic, cora, citeseer, pubmed, reddit, ogbn-arxiv, ogbn-products, "
@@ -44,7 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="defaults to --batch-size")
     p.add_argument("--fanout", type=parse_fanout, default=d.fanout,
                    help="neighbours per layer, e.g. 25,10 (-1 = all); sets the layer count")
-    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--model", choices=MODELS, default=d.model,
+                   help="sage = our GraphSAGE (trimmed layers, fused kernels); gcn, gat, gin = "
+                        "PyG's GCN, GAT, GIN models, trimmed per layer with PyG's per-hop counts")
+    p.add_argument("--hidden", type=int, default=d.hidden,
+                   help="width of every hidden layer (GAT: all heads together)")
+    p.add_argument("--heads", type=int, default=d.heads,
+                   help="--model gat: attention heads per layer, 8 as in PyG's examples/gat.py "
+                        "on Cora; hidden layers concatenate them (--hidden / --heads channels "
+                        "each), the output layer averages them (the example's has one head)")
     p.add_argument("--dropout", type=float, default=d.dropout)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--seed", type=int, default=d.seed)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from pyg_mgpu.sampling.loader import EpochBatchSampler, make_loader
+from pyg_mgpu.sampling.loader import make_loader
 
 
 def write_into_shared_graph(ctx, graph, result):
@@ -17,12 +17,10 @@ def write_into_shared_graph(ctx, graph, result):
 
 
 def record_epoch_seeds(ctx, graph, seeds_out, steps_out, epochs, batch_size):
-    batches = EpochBatchSampler(graph.train_idx.numel(), seed=3, rank=ctx.rank,
-                                world_size=ctx.world_size, batch_size=batch_size)
-    loader = make_loader(graph, graph.train_idx, fanout=[3, 2], sampler="native", seed=ctx.rank,
-                         batch_size=batch_size, batch_sampler=batches)
+    loader = make_loader(graph, graph.train_idx, fanout=[3, 2], sampler="native", seed=3,
+                         rank=ctx.rank, world_size=ctx.world_size, batch_size=batch_size)
     for epoch in range(epochs):
-        batches.set_epoch(epoch)
+        loader.set_epoch(epoch)
         steps = 0
         for batch in loader:
             seeds = batch.n_id[:batch.batch_size]

@@ -70,5 +70,7 @@ def test_training_bench_runs_each_system_and_writes_json(tmp_path, capsys):
 def test_sampler_bench_reports_edges_per_second(tmp_path):
     assert bench.main(TINY + ["--sampler-only", "--batches", "3", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
-    assert results["native_1_thread"] > 0
-    assert results["native_loader_0_workers"] > 0
+    for mode in bench.SAMPLER_MODES:
+        assert results[f"{mode}_1_thread"] > 0, mode
+        assert results[f"{mode}_vs_directional"] > 0, mode
+    assert results["directional_loader_0_workers"] > 0

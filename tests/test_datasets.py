@@ -1,5 +1,6 @@
-"""Tests of load_dataset: every source becomes a validated GraphStore, and every failure a
-DatasetError that says what to do, quickly and without reading stdin."""
+"""Tests of load_graph and load_dataset: every source becomes a validated GraphStore (and a PyG
+``Data``), and every failure a DatasetError that says what to do, quickly and without reading
+stdin."""
 from __future__ import annotations
 
 import os
@@ -8,14 +9,17 @@ import socket
 import stat
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
 
+import pyg_mgpu.data.csc as csc_module
 from pyg_mgpu.data import (DATASETS, DatasetError, GraphStore, SyntheticSpec, load_dataset,
-                           make_synthetic)
+                           load_graph, make_synthetic)
+from pyg_mgpu.data.csc import cached_csc, csc_of
 from pyg_mgpu.data.datasets import CACHE_ENV
 from pyg_mgpu.data.graph import node_index_dtype
 
@@ -81,9 +85,9 @@ def edge_set(edge_index: torch.Tensor) -> set[tuple[int, int]]:
 # Synthetic.
 
 def test_synthetic_is_deterministic_from_seed():
-    a = load_dataset("synthetic", seed=3, synthetic=SMALL)
-    b = load_dataset("synthetic", seed=3, synthetic=SMALL)
-    c = load_dataset("synthetic", seed=4, synthetic=SMALL)
+    a = load_graph("synthetic", seed=3, synthetic=SMALL)
+    b = load_graph("synthetic", seed=3, synthetic=SMALL)
+    c = load_graph("synthetic", seed=4, synthetic=SMALL)
     for key, t in a.tensors().items():
         assert torch.equal(t, b.tensors()[key]), key
     assert not torch.equal(a.x, c.x)
@@ -92,7 +96,7 @@ def test_synthetic_is_deterministic_from_seed():
 
 
 def test_synthetic_splits_labels_and_csc():
-    g = load_dataset("synthetic", seed=0, synthetic=SMALL)
+    g = load_graph("synthetic", seed=0, synthetic=SMALL)
     splits = torch.cat([g.train_idx, g.val_idx, g.test_idx])
     assert splits.unique().numel() == splits.numel()
     assert int(g.y.min()) >= 0 and int(g.y.max()) < g.num_classes == SMALL.num_classes
@@ -106,6 +110,34 @@ def test_synthetic_splits_labels_and_csc():
     assert g.row.dtype == torch.int32 and g.edge_index().dtype == torch.long
 
 
+def split_of(mask: torch.Tensor) -> list[int]:
+    assert mask.dtype == torch.bool
+    return mask.nonzero().view(-1).tolist()
+
+
+def assert_data_matches_graph(data, g: GraphStore) -> None:
+    """``data`` is ``g`` as PyG's ``Data``: same tensors, masks of its splits, its CSC."""
+    data.validate()
+    assert data.num_nodes == g.num_nodes and data.num_classes == g.num_classes
+    assert torch.equal(data.x, g.x) and torch.equal(data.y, g.y)
+    for split in ("train", "val", "test"):
+        assert split_of(data[f"{split}_mask"]) == sorted(getattr(g, f"{split}_idx").tolist())
+    # edge_index in CSC order: int64, sorted by destination, the store's edges.
+    assert data.edge_index.dtype == torch.long
+    assert torch.equal(data.edge_index, g.edge_index())
+    csc = cached_csc(data)
+    assert csc is not None and csc.perm is None, "no CSC attached, or it is not in edge order"
+    assert torch.equal(csc.colptr, g.colptr) and torch.equal(csc.row, g.row)
+
+
+def test_load_dataset_is_the_graph_as_pyg_data(monkeypatch):
+    data = load_dataset("synthetic", seed=0, synthetic=SMALL)
+    assert_data_matches_graph(data, load_graph("synthetic", seed=0, synthetic=SMALL))
+    # Samplers find the CSC attached and never sort edge_index again.
+    monkeypatch.setattr(csc_module, "build_csc", lambda *a, **k: pytest.fail("CSC rebuilt"))
+    assert csc_of(data) is cached_csc(data)
+
+
 def test_node_ids_beyond_int32_keep_int64_indices():
     assert node_index_dtype(2**31 - 1) == torch.int32
     assert node_index_dtype(2**31) == torch.int64
@@ -114,27 +146,35 @@ def test_node_ids_beyond_int32_keep_int64_indices():
 # Planetoid, from the shared offline copy.
 
 @pytest.fixture
-def planetoid_root(shared_data: Path, tmp_path: Path) -> Path:
-    folder = shared_data / "planetoid"
-    if not folder.is_dir():
-        pytest.skip(f"{folder} is absent")
-    if os.access(folder, os.W_OK) and folder.stat().st_mode & 0o222:
-        # A writable copy would get processed/ written into it: load a private copy instead.
-        return Path(shutil.copytree(folder, tmp_path / "planetoid"))
-    return folder
+def planetoid_root(shared_data: Path, tmp_path: Path) -> Iterator[Path]:
+    """A private, read-only copy of the shared Planetoid files.
+
+    Read-only whatever the shared folder's permissions (read-only in CI, often writable on a
+    fresh clone), so the test always checks the same thing: a read-only data folder is loaded
+    without being written to. Private, so a failure never leaves files in the shared folder.
+    """
+    source = shared_data / "planetoid"
+    if not source.is_dir():
+        pytest.skip(f"{source} is absent")
+    folder = Path(shutil.copytree(source, tmp_path / "planetoid"))
+    make_read_only(folder)
+    yield folder
+    make_writable(folder)  # so that pytest can delete it
 
 
-@pytest.mark.parametrize("name, nodes, classes, splits", [
-    ("cora", 2708, 7, (140, 500, 1000)),
-    ("citeseer", 3327, 6, (120, 500, 1000)),
+@pytest.mark.parametrize("name, folder, nodes, classes, splits", [
+    ("cora", "Cora", 2708, 7, (140, 500, 1000)),
+    ("citeseer", "CiteSeer", 3327, 6, (120, 500, 1000)),
 ])
-def test_planetoid_public_split(planetoid_root, cache, name, nodes, classes, splits):
+def test_planetoid_public_split(planetoid_root, cache, name, folder, nodes, classes, splits):
     before = snapshot(planetoid_root)
-    g = load_dataset(name, planetoid_root)
+    g = load_graph(name, planetoid_root)
     assert g.name == name
     assert g.num_nodes == nodes and g.num_classes == classes
     assert (g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel()) == splits
-    assert snapshot(planetoid_root) == before, "the data folder was written to"
+    assert_data_matches_graph(load_dataset(name, planetoid_root), g)
+    assert snapshot(planetoid_root) == before, "the read-only data folder was written to"
+    assert list(cache.glob(f"*/{folder}/processed/*.pt")), "processed/ did not go to the cache"
 
 
 # Reddit, from tiny files in its raw format (what torch_geometric's Reddit.process reads).
@@ -158,7 +198,7 @@ def write_reddit(root: Path, n: int = 12) -> dict[str, np.ndarray]:
 
 def test_reddit_from_raw_files(tmp_path):
     data = write_reddit(tmp_path / "reddit")
-    g = load_dataset("reddit", tmp_path / "reddit")
+    g = load_graph("reddit", tmp_path / "reddit")
     assert g.num_nodes == 12 and g.num_edges == 24 and g.num_classes == 3
     assert torch.equal(g.x, torch.from_numpy(data["feature"]))
     assert torch.equal(g.y, torch.from_numpy(data["label"]))
@@ -173,8 +213,8 @@ def test_read_only_root_is_mirrored_into_cache(tmp_path, cache):
     make_read_only(root)
     before = snapshot(root)
     try:
-        first = load_dataset("reddit", root)
-        second = load_dataset("reddit", root)  # now from the processed files in the cache
+        first = load_graph("reddit", root)
+        second = load_graph("reddit", root)  # now from the processed files in the cache
     finally:
         make_writable(root)
     assert snapshot(root) == before, "the read-only folder was written to"
@@ -214,7 +254,7 @@ def write_ogbn_arxiv(root: Path, release: bool) -> dict[str, np.ndarray]:
 def test_ogbn_arxiv_from_raw_files(tmp_path, offline, no_stdin, release):
     data = write_ogbn_arxiv(tmp_path, release)
     for _ in range(2):  # the second load reads OGB's processed/ cache
-        g = load_dataset("ogbn-arxiv", tmp_path)
+        g = load_graph("ogbn-arxiv", tmp_path)
         assert g.num_nodes == 10 and g.num_classes == 40
         assert g.num_edges == 2 * data["edges"].shape[1], "reverse edges were not added"
         edges = torch.from_numpy(data["edges"])
@@ -237,7 +277,7 @@ def test_ogbn_arxiv_from_raw_files(tmp_path, offline, no_stdin, release):
 def test_missing_dataset_fails_fast_offline(tmp_path, offline, no_stdin, name, expected):
     start = time.monotonic()
     with pytest.raises(DatasetError) as info:
-        load_dataset(name, tmp_path / "empty")
+        load_graph(name, tmp_path / "empty")
     assert time.monotonic() - start < 20
     message = str(info.value)
     assert "--root" in message and expected in message and "download" in message
@@ -252,7 +292,7 @@ def test_missing_dataset_in_read_only_folder_downloads_nothing(tmp_path, no_stdi
     os.chmod(root, stat.S_IRUSR | stat.S_IXUSR)
     try:
         with pytest.raises(DatasetError, match="read-only.*--root"):
-            load_dataset("reddit", root)
+            load_graph("reddit", root)
         assert not any(root.iterdir())
     finally:
         os.chmod(root, 0o755)
@@ -260,7 +300,7 @@ def test_missing_dataset_in_read_only_folder_downloads_nothing(tmp_path, no_stdi
 
 def test_unknown_name_lists_the_accepted_names():
     with pytest.raises(DatasetError) as info:
-        load_dataset("imagenet")
+        load_graph("imagenet")
     for name in DATASETS:
         assert name in str(info.value)
     assert ".npz" in str(info.value)
@@ -271,7 +311,7 @@ def test_unknown_name_lists_the_accepted_names():
 def test_npz_round_trip(tmp_path):
     g = make_synthetic(SMALL, seed=1)
     path = g.save_npz(tmp_path / "graph.npz")
-    back = load_dataset(str(path))
+    back = load_graph(str(path))
     assert back.name == "graph" and back.num_classes == g.num_classes
     for key, t in g.tensors().items():
         assert torch.equal(t, back.tensors()[key]), key
@@ -311,7 +351,7 @@ def test_bad_npz_is_rejected(tmp_path, change, problem):
     path = tmp_path / "bad.npz"
     np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
     with pytest.raises(DatasetError) as info:
-        load_dataset(str(path))
+        load_graph(str(path))
     assert str(path) in str(info.value) and problem in str(info.value)
 
 
@@ -326,7 +366,7 @@ def test_unreadable_npz_is_rejected(tmp_path, damage):
     else:
         path.unlink()
     with pytest.raises(DatasetError) as info:
-        load_dataset(str(path))
+        load_graph(str(path))
     assert str(path) in str(info.value) and "must contain" in str(info.value)
 
 

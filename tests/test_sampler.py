@@ -1,4 +1,4 @@
-"""The native sampler returns true neighbours, uniformly, without replacement, in PyG's order."""
+"""The sampler (over the CLI's graph store) returns true neighbours, uniformly, without replacement, in PyG's order."""
 import itertools
 import pickle
 
@@ -9,8 +9,14 @@ from torch_geometric.loader import NodeLoader
 
 from pyg_mgpu.data.graph import GraphStore
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.sampling.loader import make_loader
-from pyg_mgpu.sampling.sampler import NativeNeighborSampler
+from pyg_mgpu.sampling import neighbor_sampler
+from pyg_mgpu.sampling.loader import graph_as_data, make_loader
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+
+
+def native(graph, fanouts, seed=None):
+    """The sampler the CLI uses, over a graph store's own CSC."""
+    return NeighborSampler(graph_as_data(graph), fanouts, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +64,14 @@ def check_output(graph, out, seeds, fanouts):
 
 @pytest.mark.parametrize("fanouts", [[5], [10, 5], [3, 3, 3], [-1, 4], [1000]])
 def test_outputs_are_true_neighbours_in_pyg_order(graph, fanouts):
-    sampler = NativeNeighborSampler(graph.colptr, graph.row, fanouts, seed=0)
+    sampler = native(graph, fanouts, seed=0)
     for trial in range(3):
         seeds = torch.randperm(graph.num_nodes)[:200]
         check_output(graph, sampler.sample(seeds), seeds, fanouts)
 
 
 def test_lookup_is_left_clean_between_batches(graph):
-    sampler = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=0)
+    sampler = native(graph, [5, 5], seed=0)
     sampler.sample(torch.arange(100))
     assert (sampler._lookup == torch.iinfo(sampler._lookup.dtype).max).all()
 
@@ -79,7 +85,7 @@ def test_uniform_without_replacement():
     g = GraphStore.from_edge_index("star", torch.stack([src, dst]), torch.zeros(n, 1),
                                    torch.zeros(n, dtype=torch.long), torch.tensor([0]),
                                    torch.tensor([1]), torch.tensor([2]))
-    sampler = NativeNeighborSampler(g.colptr, g.row, [fanout], seed=123)
+    sampler = native(g, [fanout], seed=123)
     subsets = []
     for _ in range(5):
         out = sampler.sample(torch.arange(deg, n))
@@ -107,7 +113,7 @@ def test_large_degree_stays_uniform():
     g = GraphStore.from_edge_index("hub", torch.stack([src, dst]), torch.zeros(n, 1),
                                    torch.zeros(n, dtype=torch.long), torch.tensor([0]),
                                    torch.tensor([1]), torch.tensor([2]))
-    sampler = NativeNeighborSampler(g.colptr, g.row, [25], seed=0)
+    sampler = native(g, [25], seed=0)
     draws = torch.cat([sampler.sample(torch.tensor([0])).node[1:] for _ in range(400)])
     deciles = torch.bincount((draws - 1) * 10 // deg, minlength=10).double()
     assert chisquare(deciles.numpy()).pvalue > 1e-3
@@ -115,8 +121,8 @@ def test_large_degree_stays_uniform():
 
 def test_same_seed_same_sample(graph):
     seeds = torch.arange(50)
-    a = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=7).sample(seeds)
-    b = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=7).sample(seeds)
+    a = native(graph, [5, 5], seed=7).sample(seeds)
+    b = native(graph, [5, 5], seed=7).sample(seeds)
     assert torch.equal(a.node, b.node) and torch.equal(a.row, b.row)
 
 
@@ -124,8 +130,8 @@ def test_int32_and_int64_rows_sample_the_same(graph):
     # Graphs store `row` as int32 when node ids fit; the sample must not depend on it.
     assert graph.row.dtype == torch.int32
     seeds = torch.arange(0, 3000, 7)
-    a = NativeNeighborSampler(graph.colptr, graph.row, [10, 5], seed=7)
-    b = NativeNeighborSampler(graph.colptr, graph.row.long(), [10, 5], seed=7)
+    a = native(graph, [10, 5], seed=7)
+    b = native(GraphStore(**{**graph.__dict__, "row": graph.row.long()}), [10, 5], seed=7)
     # Likewise the lookup (int32 below 2^30 nodes) and Floyd's offsets (int32 below 2^31 edges).
     assert a._lookup_type == a._offset_type == torch.int32
     b._lookup_type = b._offset_type = torch.int64
@@ -137,7 +143,7 @@ def test_int32_and_int64_rows_sample_the_same(graph):
 
 
 def test_pickles_for_workers_without_scratch(graph):
-    sampler = NativeNeighborSampler(graph.colptr, graph.row, [5], seed=0)
+    sampler = native(graph, [5], seed=0)
     sampler.sample(torch.arange(10))
     clone = pickle.loads(pickle.dumps(sampler))
     assert clone._lookup is None
@@ -156,15 +162,17 @@ def test_plugs_into_pyg_node_loader(graph):
     assert torch.equal(torch.cat([b.n_id[:b.batch_size] for b in batches]), graph.train_idx[:300])
 
 
-def test_rejects_bad_fanout(graph):
-    with pytest.raises(ValueError, match="fanouts"):
-        NativeNeighborSampler(graph.colptr, graph.row, [5, 0])
+def test_zero_fanout_draws_nothing(graph):
+    out = native(graph, [5, 0], seed=0).sample(torch.arange(10))
+    assert out.num_sampled_edges[1] == 0 and out.num_sampled_nodes[2] == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_runs_on_cuda_tensors(graph):
-    sampler = NativeNeighborSampler(graph.colptr.cuda(), graph.row.cuda(), [10, 5], seed=0)
+    cuda_graph = GraphStore(**{k: v.cuda() if isinstance(v, torch.Tensor) else v
+                               for k, v in graph.__dict__.items()})
+    sampler = native(cuda_graph, [10, 5], seed=0)
     seeds = torch.randperm(graph.num_nodes)[:300]
     out = sampler.sample(seeds.cuda())
     assert out.node.is_cuda
@@ -185,7 +193,7 @@ def test_same_sample_whatever_the_thread_count():
     try:
         for n in (1, 2, 1, 2):
             torch.set_num_threads(n)
-            sampler = NativeNeighborSampler(g.colptr, g.row, [25, 10, 5], seed=3)
+            sampler = native(g, [25, 10, 5], seed=3)
             runs.append([sampler.sample(torch.randperm(50_000, generator=torch.Generator()
                                                        .manual_seed(i))[:512])
                          for i in range(3)])
@@ -197,7 +205,7 @@ def test_same_sample_whatever_the_thread_count():
 
 
 def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
-    sampler = NativeNeighborSampler(graph.colptr, graph.row, [5, 5], seed=0)
+    sampler = native(graph, [5, 5], seed=0)
     calls = []
 
     def fail_on_second_hop(nbr, lookup):  # after hop 1 is recorded, mid-update of hop 2
@@ -206,9 +214,8 @@ def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
             lookup.scatter_reduce_(0, nbr, torch.zeros_like(nbr, dtype=lookup.dtype), reduce="amin")
             raise RuntimeError("injected")
         return original(nbr, lookup)
-    original = NativeNeighborSampler._first_occurrences
-    monkeypatch.setattr(NativeNeighborSampler, "_first_occurrences",
-                        staticmethod(fail_on_second_hop))
+    original = neighbor_sampler._first_occurrences
+    monkeypatch.setattr(neighbor_sampler, "_first_occurrences", fail_on_second_hop)
     with pytest.raises(RuntimeError, match="injected"):
         sampler.sample(torch.arange(100))
     assert (sampler._lookup == torch.iinfo(sampler._lookup.dtype).max).all()

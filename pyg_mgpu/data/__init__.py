@@ -1,7 +1,7 @@
-"""Datasets and the graph store every dataset is converted to."""
-from .datasets import DATASETS, load_dataset
+"""Datasets, the graph store every dataset is converted to, and its PyG ``Data`` form."""
+from .datasets import DATASETS, load_dataset, load_graph
 from .graph import DatasetError, GraphStore
 from .synthetic import SyntheticSpec, make_synthetic
 
 __all__ = ["DATASETS", "DatasetError", "GraphStore", "SyntheticSpec", "load_dataset",
-           "make_synthetic"]
+           "load_graph", "make_synthetic"]

@@ -1,4 +1,5 @@
-"""Loads a dataset by name and converts it, once, to a :class:`GraphStore`.
+"""Loads a dataset by name and converts it, once, to a :class:`GraphStore` (:func:`load_graph`)
+or to a PyG ``Data`` with split masks (:func:`load_dataset`, the public entry).
 
 PyG (Planetoid, Reddit) and OGB datasets are read through their own libraries from a data folder
 (``--root``). Nothing here ever reads stdin or writes into a read-only data folder: OGB's
@@ -24,6 +25,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from torch_geometric.data import Data
 
 from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
@@ -74,7 +76,7 @@ def load_configured(cfg: "TrainConfig", *, for_training: bool = True) -> GraphSt
     """
     spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
                          num_features=cfg.num_features, num_classes=cfg.num_classes)
-    graph = load_dataset(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
+    graph = load_graph(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
     if for_training and cfg.amp == "bf16":
         # The bf16 model reads its first layer's inputs in bf16 anyway (autocast rounds the
         # neighbour mean and the node's own row); stored so, the features take half the shared
@@ -86,6 +88,41 @@ def load_configured(cfg: "TrainConfig", *, for_training: bool = True) -> GraphSt
 
 
 def load_dataset(
+    name: str,
+    root: str | Path | None = None,
+    *,
+    seed: int = 0,
+    synthetic: Optional[SyntheticSpec] = None,
+) -> Data:
+    """Loads a node-classification dataset as a PyG ``Data``.
+
+    Every dataset the CLI knows, read the same way (see :func:`load_graph` for where files are
+    looked for and what happens offline or in a read-only folder)::
+
+        data = load_dataset("cora", root="data/planetoid")
+        model = GraphSAGE(data.num_features, 256, 2, data.num_classes)
+
+    Args:
+        name: One of :data:`DATASETS` (case-insensitive), or a path ending in ``.npz``.
+        root: Data folder for PyG and OGB datasets; default ``./data`` (``./data/reddit`` for
+            Reddit).
+        seed: Seed of the synthetic graph.
+        synthetic: Size of the synthetic graph; used only when ``name`` is ``synthetic``.
+
+    Returns:
+        A validated ``Data`` with ``x``, ``y``, ``edge_index`` (int64, sorted by destination),
+        boolean ``train_mask``, ``val_mask``, ``test_mask`` and the int ``num_classes``. Its
+        CSC is attached, so :class:`pyg_mgpu.NeighborLoader` and :func:`pyg_mgpu.spawn` reuse
+        it instead of building another.
+
+    Raises:
+        DatasetError: for an unknown name, missing files that could not be downloaded, or a
+            file whose contents are wrong (the message says which and what to do).
+    """
+    return load_graph(name, root, seed=seed, synthetic=synthetic).to_data()
+
+
+def load_graph(
     name: str,
     root: str | Path | None = None,
     *,

@@ -3,7 +3,8 @@
 A :class:`GraphStore` holds the graph in CSC form (for every node, the sources of its in-edges,
 which is what a neighbour sampler walks), node features, labels and the three split index
 tensors. :meth:`GraphStore.share_memory_` moves every tensor to shared memory so spawned ranks
-map the parent's pages instead of copying them.
+map the parent's pages instead of copying them. :meth:`GraphStore.to_data` hands the same graph
+to PyG code as a ``Data``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ from typing import Optional
 import numpy as np
 import torch
 from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.utils import index_to_mask
+
+from pyg_mgpu.data.csc import CSC, attach_csc
 
 
 class DatasetError(ValueError):
@@ -110,6 +115,23 @@ class GraphStore:
         """``[2, E]`` (source, destination) edge list, in CSC order."""
         dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
         return torch.stack([self.row.long(), dst])
+
+    def to_data(self) -> Data:
+        """This graph as a PyG ``Data``, with this store's CSC attached for the samplers.
+
+        The ``Data`` holds ``x``, ``y`` (the same tensors, not copies), ``edge_index`` (int64,
+        sorted by destination: the CSC order), ``train_mask``, ``val_mask``, ``test_mask`` and
+        ``num_classes`` (an int). Samplers given the ``Data`` read the attached CSC
+        (:func:`~pyg_mgpu.data.csc.csc_of`) instead of sorting ``edge_index`` again.
+        """
+        data = Data(x=self.x, y=self.y, edge_index=self.edge_index(),
+                    num_classes=self.num_classes)
+        for split in SPLITS:  # train_idx -> train_mask
+            data[split.replace("_idx", "_mask")] = index_to_mask(getattr(self, split),
+                                                                 self.num_nodes)
+        # perm=None: edge_index is in CSC order, so an edge's id is its CSC position.
+        return attach_csc(data, CSC(self.colptr, self.row, perm=None,
+                                    edge_index=data.edge_index))
 
     def summary(self) -> str:
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "

@@ -4,6 +4,9 @@ Two launchers run the same rank function:
 - our own spawner (``launch_local``): one process per device, the graph passed to every rank
   through shared memory, a free port picked automatically; a rank that fails ends the whole job;
 - ``torchrun`` (multi-node): detected from ``RANK``/``WORLD_SIZE`` in the environment.
+
+:func:`spawn` is the public entry for PyG users: it picks between the two and shares the
+arguments' graphs and tensors once, before any rank starts.
 """
 from __future__ import annotations
 
@@ -25,6 +28,13 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_mgpu.data.csc import share_data
+
+DEFAULT_TIMEOUT_S = 300.0
+"""How long a collective waits for a peer before the process group gives up."""
 
 
 class RankFailed(RuntimeError):
@@ -66,6 +76,8 @@ def resolve_devices(devices: str, nprocs: int | None) -> list[torch.device]:
     spec = devices.strip().lower()
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if nprocs is not None and nprocs < 1:
+        raise ValueError(f"--nprocs {nprocs}: a job needs at least 1 rank.")
     if spec == "cpu":
         return [torch.device("cpu")] * (nprocs or 2)
     if not spec.startswith("cuda"):
@@ -107,6 +119,27 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
                           device=device, backend=backend)
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                           tune_allocator: bool = True) -> Iterator[RankContext]:
+    """Joins the ``torchrun`` job as the rank its environment names, for the body.
+
+    The rank runs on GPU ``LOCAL_RANK`` when CUDA is available and ``devices`` is not ``cpu``,
+    else on the CPU. Like a spawned rank, it gets its share of the machine's cores as torch
+    threads (``LOCAL_WORLD_SIZE`` ranks per machine) and, with ``tune_allocator``, the
+    allocator settings of :func:`tune_cpu_allocator`.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    use_cuda = torch.cuda.is_available() and devices.strip().lower() != "cpu"
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if tune_allocator:
+        tune_cpu_allocator()
+    set_thread_budget(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    with process_group(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device,
+                       init_method="env://", timeout_s=timeout_s, local_rank=local_rank) as ctx:
+        yield ctx
 
 
 def usable_cores() -> int:
@@ -194,7 +227,7 @@ def _failure_reports(report_dir: str) -> dict[int, tuple[float, str]]:
 
 
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
-                 timeout_s: float = 300.0, tune_allocator: bool = True) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, tune_allocator: bool = True) -> None:
     """Runs ``fn(ctx, *args)`` on one spawned process per device and waits for all of them.
 
     Tensors in ``args`` that live in shared memory are mapped, not copied, by every rank.
@@ -230,3 +263,67 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
             os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
         else:
             os.environ["THP_MEM_ALLOC_ENABLE"] = thp_before
+
+
+def share_args(args: Sequence) -> None:
+    """Moves the PyG graphs and CPU tensors in ``args`` to shared memory, in place.
+
+    A ``Data`` gets its CSC built first (:func:`~pyg_mgpu.data.csc.share_data`), so ranks
+    map one copy of the graph and its CSC instead of each building their own. Other
+    arguments, and tensors nested in containers, are pickled to each rank as they are.
+    """
+    for arg in args:
+        if isinstance(arg, Data):
+            share_data(arg)
+        elif isinstance(arg, Tensor) and not arg.is_cuda:
+            arg.share_memory_()
+
+
+def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
+          nprocs: int | None = None, timeout_s: float | None = None) -> None:
+    """Runs ``fn(ctx, *args)`` on one rank per device, in a process group, and waits for them.
+
+    ``ctx`` is a :class:`RankContext`: ``rank``, ``world_size``, ``device`` (already the
+    current CUDA device on a GPU rank) and ``is_main``. The process group (NCCL on GPUs, gloo
+    on CPUs) is up when ``fn`` starts and torn down when it returns or raises::
+
+        def work(ctx, data):
+            print(f"rank {ctx.rank} of {ctx.world_size} on {ctx.device}: {data}")
+
+        if __name__ == "__main__":
+            spawn(work, args=(load_dataset("cora"),))
+
+    Run under ``torchrun`` (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set), this process
+    is one rank of that job: ``fn`` runs here, on GPU ``LOCAL_RANK`` unless ``devices`` is
+    ``"cpu"`` or no GPU is visible, ``nprocs`` is ignored (torchrun decides), and an
+    exception from ``fn`` propagates as it is (torchrun then ends the other ranks).
+
+    Otherwise the ranks are new processes, so ``fn`` must be importable (defined at module
+    level of a file, not typed into an interactive session). Before they start, every
+    ``torch_geometric.data.Data`` in ``args`` gets its CSC built and, with all its tensors,
+    moved to shared memory, and so do plain CPU tensors: every rank maps the parent's copy
+    (writes to it are seen by all) instead of receiving its own.
+
+    Args:
+        fn: The rank's work, called as ``fn(ctx, *args)``.
+        args: Arguments for ``fn``, the same for every rank.
+        devices: ``"auto"`` (every visible GPU, else CPU ranks), ``"cpu"``, ``"cuda"`` (every
+            visible GPU) or ``"cuda:0,1"`` (those GPUs).
+        nprocs: Number of CPU ranks (default 2), or how many of the visible GPUs ``"cuda"``
+            takes.
+        timeout_s: Seconds a collective may wait for a peer before it fails; default
+            :data:`DEFAULT_TIMEOUT_S`.
+
+    Raises:
+        RankFailed: when a rank raises or dies; the other ranks are terminated at once and
+            the message names the failing rank with its traceback (or signal).
+        ValueError: when ``devices`` or ``nprocs`` cannot be satisfied (the message says why).
+    """
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if launched_by_torchrun():
+        with torchrun_process_group(devices, timeout_s=timeout_s) as ctx:
+            fn(ctx, *args)
+        return
+    rank_devices = resolve_devices(devices, nprocs)
+    share_args(args)
+    launch_local(fn, rank_devices, args=tuple(args), timeout_s=timeout_s)

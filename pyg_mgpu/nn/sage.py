@@ -179,20 +179,23 @@ class GraphSAGE(nn.Module):
         return len(self.convs)
 
     def forward(self, x: Tensor, edge_index: Tensor,
-                num_sampled_nodes: Optional[Sequence[int]] = None,
-                num_sampled_edges: Optional[Sequence[int]] = None) -> Tensor:
+                num_sampled_nodes_per_hop: Optional[Sequence[int]] = None,
+                num_sampled_edges_per_hop: Optional[Sequence[int]] = None) -> Tensor:
         """Runs the stack; with per-hop counts it trims every layer to what the next one needs.
 
+        The counts take PyG's ``BasicGNN.forward`` keyword names, so the trainer calls this
+        model and PyG's (``--model``) alike.
+
         Returns:
-            Trimmed: logits of the seeds (``num_sampled_nodes[0]`` rows). Untrimmed: logits of
-            every node in ``x``.
+            Trimmed: logits of the seeds (``num_sampled_nodes_per_hop[0]`` rows). Untrimmed:
+            logits of every node in ``x``.
         """
-        trim = num_sampled_nodes is not None and num_sampled_edges is not None
+        trim = num_sampled_nodes_per_hop is not None and num_sampled_edges_per_hop is not None
         if trim:
-            assert len(num_sampled_nodes) == self.num_layers + 1, (
+            assert len(num_sampled_nodes_per_hop) == self.num_layers + 1, (
                 "need one node count per hop plus the seeds")
-            nodes_upto = torch.tensor(num_sampled_nodes).cumsum(0).tolist()
-            edges_upto = torch.tensor(num_sampled_edges).cumsum(0).tolist()
+            nodes_upto = torch.tensor(num_sampled_nodes_per_hop).cumsum(0).tolist()
+            edges_upto = torch.tensor(num_sampled_edges_per_hop).cumsum(0).tolist()
             if self.sparse_aggregation:
                 dst_ptr = _dst_pointers(edge_index[1], nodes_upto[-2])
         for i, conv in enumerate(self.convs):

@@ -1,22 +1,22 @@
-"""Mini-batch loaders: PyG's ``NodeLoader`` driven by our sampler and our epoch sharding.
+"""The CLI's loaders: the public :class:`~pyg_mgpu.NeighborLoader` over the graph store, with
+GPU placement, the GPU feature cache and DataLoader workers chosen per rank.
 
 Batches are ordinary PyG ``Data`` objects (``x, y, edge_index, batch_size, n_id,
-num_sampled_nodes, num_sampled_edges``), so PyG users see what ``NeighborLoader`` gives them.
+num_sampled_nodes, num_sampled_edges``), as any PyG user's ``NeighborLoader`` gives them.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
-from torch_geometric.loader import NodeLoader
 
+from pyg_mgpu.data.csc import CSC, attach_csc
 from pyg_mgpu.data.graph import GraphStore
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
-from pyg_mgpu.sampling.sampler import NativeNeighborSampler
-from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
+from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 
 
 def pyg_sampler_available() -> bool:
@@ -32,41 +32,26 @@ def resolve_sampler(choice: str) -> str:
     return "native" if choice == "auto" else choice
 
 
-class EpochBatchSampler:
-    """Yields this rank's batches (positions into the training nodes) for the current epoch.
+def graph_as_data(graph: GraphStore, with_features: bool = True) -> Data:
+    """The CLI's graph as the ``Data`` that :class:`NeighborLoader` takes, without copying.
 
-    Call :meth:`set_epoch` before each epoch; the batches come from
-    :func:`pyg_mgpu.sampling.sharding.epoch_batches`, so all ranks run the same number of steps.
+    The loader samples from the graph's own CSC (attached, so nothing is converted); the empty
+    ``edge_index`` is the slot PyG fills with each batch's sampled (row, col), and ``e_id`` are
+    positions in :meth:`GraphStore.edge_index`'s order.
     """
-
-    def __init__(self, num_items: int, *, seed: int, rank: int, world_size: int,
-                 batch_size: int, shuffle: bool = True):
-        self.num_items = num_items
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.batch_size, self.shuffle = batch_size, shuffle
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return steps_per_epoch(self.num_items, self.world_size, self.batch_size)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        positions = torch.arange(self.num_items)
-        for batch in epoch_batches(positions, seed=self.seed, epoch=self.epoch, rank=self.rank,
-                                   world_size=self.world_size, batch_size=self.batch_size,
-                                   shuffle=self.shuffle):
-            yield batch.tolist()
+    slot = torch.empty(2, 0, dtype=torch.long, device=graph.row.device)
+    data = Data(y=graph.y, edge_index=slot, num_nodes=graph.num_nodes)
+    if with_features:
+        data.x = graph.x
+    return attach_csc(data, CSC(graph.colptr, graph.row, perm=None, edge_index=slot))
 
 
-def _make_sampler(graph: GraphStore, fanout: Sequence[int], kind: str, seed: int):
-    if kind == "native":
-        return NativeNeighborSampler(graph.colptr, graph.row, fanout, seed=seed)
-    from torch_geometric.sampler import NeighborSampler
+def _pyg_sampler(graph: GraphStore, fanout: Sequence[int]):
+    """PyG's own sampler (pyg-lib or torch-sparse), for the PyG-recipe baseline."""
+    from torch_geometric.sampler import NeighborSampler as PyGNeighborSampler
     # PyG converts the edge list to its own CSC copy (the price of its sampler).
     data = Data(edge_index=graph.edge_index(), num_nodes=graph.num_nodes)
-    return NeighborSampler(data, num_neighbors=list(fanout), is_sorted=False)
+    return PyGNeighborSampler(data, num_neighbors=list(fanout), is_sorted=False)
 
 
 def place_graph(graph: GraphStore, device: torch.device, placement: str,
@@ -122,10 +107,11 @@ def _worker_start_method(num_workers: int) -> Optional[str]:
 
 def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
                 seed: int, batch_size: int, num_workers: int = 0,
-                batch_sampler: Optional[EpochBatchSampler] = None,
+                rank: Optional[int] = None, world_size: Optional[int] = None,
                 feature_cache: Optional[FeatureCache] = None,
-                device: Optional[torch.device] = None) -> NodeLoader:
-    """A loader over ``nodes``: sharded epochs with ``batch_sampler``, else in order.
+                device: Optional[torch.device] = None) -> NeighborLoader:
+    """A :class:`NeighborLoader` over ``nodes``: this rank's sharded epochs when ``rank`` and
+    ``world_size`` are given (call ``set_epoch``), else every node in order.
 
     Features and labels stay in the graph's (shared) memory; each batch gathers its rows, the
     features through ``feature_cache`` when given (in the consuming thread, never in workers).
@@ -134,29 +120,23 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
     on_gpu = graph.x.is_cuda
     if on_gpu:
         num_workers = 0  # sampling runs on the GPU in this process; workers cannot use CUDA
-    # The empty edge_index is a slot: PyG fills it with each batch's sampled (row, col).
-    data = Data(y=graph.y, edge_index=torch.empty(2, 0, dtype=torch.long, device=graph.x.device),
-                num_nodes=graph.num_nodes)
-    if feature_cache is None:
-        data.x = graph.x
+    data = graph_as_data(graph, with_features=feature_cache is None)
     # Workers may not touch CUDA: with the cache, its gather runs in the consuming thread.
     filter_per_worker = num_workers > 0 and feature_cache is None
-    loader_args: dict = dict(num_workers=num_workers, persistent_workers=num_workers > 0,
-                             multiprocessing_context=_worker_start_method(num_workers),
-                             filter_per_worker=filter_per_worker,
-                             transform=feature_cache.attach if feature_cache else None,
-                             # Its own generator: iterating a DataLoader draws a seed, and drawing
-                             # it from the global RNG would shift the dropout stream of whichever
-                             # rank happens to evaluate.
-                             generator=torch.Generator().manual_seed(seed),
-                             # Host batches bound for a GPU: pinned, so the copy is asynchronous.
-                             # DataLoader pins what workers return, which is only the finished
-                             # batch when they also gather its rows (filter_per_worker).
-                             pin_memory=device is not None and device.type == "cuda" and
-                             not on_gpu and filter_per_worker)
-    if batch_sampler is not None:
-        loader_args["batch_sampler"] = batch_sampler
-    else:
-        loader_args.update(batch_size=batch_size, shuffle=False)
-    return NodeLoader(data, node_sampler=_make_sampler(graph, fanout, sampler, seed),
-                      input_nodes=nodes, **loader_args)
+    distributed = rank is not None
+    return NeighborLoader(
+        data, list(fanout), input_nodes=nodes, batch_size=batch_size,
+        neighbor_sampler=_pyg_sampler(graph, fanout) if sampler == "pyg" else None,
+        distributed=distributed, rank=rank, world_size=world_size, seed=seed,
+        shuffle=distributed, num_workers=num_workers, persistent_workers=num_workers > 0,
+        multiprocessing_context=_worker_start_method(num_workers),
+        filter_per_worker=filter_per_worker,
+        transform=feature_cache.attach if feature_cache else None,
+        # Its own generator: iterating a DataLoader draws a seed, and drawing it from the
+        # global RNG would shift the dropout stream of whichever rank happens to evaluate.
+        generator=torch.Generator().manual_seed(seed if rank is None else seed * 1009 + rank),
+        # Host batches bound for a GPU: pinned, so the copy is asynchronous. DataLoader pins
+        # what workers return, which is only the finished batch when they also gather its rows
+        # (filter_per_worker).
+        pin_memory=device is not None and device.type == "cuda" and not on_gpu and
+        filter_per_worker)

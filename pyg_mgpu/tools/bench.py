@@ -16,8 +16,9 @@ Systems:
   or torch-sparse (see docs/benchmarks.md for building torch-sparse).
 - ``dgl``: DGL's recipe (benchmarks/dgl_variant.py) in its own environment, when built.
 
-``--sampler-only`` measures sampled edges per second for the native sampler (one thread, and
-through DataLoader workers) and for PyG's sampler when available.
+``--sampler-only`` measures sampled edges per second for ``pyg_mgpu.NeighborSampler`` in each mode
+(directional, bidirectional, induced, weighted, disjoint, replace; one thread), through the loader
+with DataLoader workers, and for PyG's ``NeighborLoader`` when pyg-lib or torch-sparse is there.
 """
 from __future__ import annotations
 
@@ -172,12 +173,29 @@ def _sampled_edges_per_s(make_batches, batches: int) -> float:
     return edges / (time.perf_counter() - start)
 
 
+SAMPLER_MODES = {  # name: pyg_mgpu.NeighborSampler options
+    "directional": {},
+    "bidirectional": {"subgraph_type": "bidirectional"},
+    "induced": {"subgraph_type": "induced"},
+    "weighted": {"weight_attr": "weight"},
+    "disjoint": {"disjoint": True},
+    "replace": {"replace": True},
+}
+
+
 def run_sampler_bench(args) -> dict:
+    """Sampled edges/s of the drop-in ``NeighborSampler`` in every mode (one thread), through
+    the loader with 0, 1 and all-core workers, and of PyG's own sampler where installed.
+
+    Edges are the sampler's output edges: for ``bidirectional`` the sampled edges plus their
+    reverses, for ``induced`` every edge among the sampled nodes.
+    """
     import torch
+    from torch_geometric.data import Data
 
     from pyg_mgpu.distributed.launch import usable_cores
     from pyg_mgpu.sampling.loader import make_loader, pyg_sampler_available
-    from pyg_mgpu.sampling.sampler import NativeNeighborSampler
+    from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
     torch.set_num_threads(1)
     fanout = [int(k) for k in args.fanout.split(",")]
@@ -186,13 +204,20 @@ def run_sampler_bench(args) -> dict:
     needed = (args.batches + 1) * args.batch_size
     seeds = seeds[:needed] if needed <= seeds.numel() else seeds
     results: dict = {"graph": graph.summary(), "fanout": fanout, "batch_size": args.batch_size}
+    # A PyG user's graph: an edge list with an edge attribute, converted to CSC once.
+    data = Data(edge_index=graph.edge_index(), num_nodes=graph.num_nodes,
+                weight=torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(0)))
 
-    sampler = NativeNeighborSampler(graph.colptr, graph.row, fanout, seed=0)
+    for mode, options in SAMPLER_MODES.items():
+        sampler = NeighborSampler(data, fanout, seed=0, **options)
 
-    def native_direct():
-        for batch in seeds.split(args.batch_size):
-            yield sampler.sample(batch).row.numel()
-    results["native_1_thread"] = _sampled_edges_per_s(native_direct, args.batches)
+        def direct(sampler=sampler):
+            for batch in seeds.split(args.batch_size):
+                yield sampler.sample(batch).row.numel()
+        results[f"{mode}_1_thread"] = _sampled_edges_per_s(direct, args.batches)
+    for mode in SAMPLER_MODES:
+        results[f"{mode}_vs_directional"] = (results[f"{mode}_1_thread"]
+                                             / results["directional_1_thread"])
 
     for workers in sorted({0, 1, usable_cores()}):
         def via_loader(workers=workers):
@@ -200,22 +225,30 @@ def run_sampler_bench(args) -> dict:
                                  batch_size=args.batch_size, num_workers=workers)
             for batch in loader:
                 yield batch.edge_index.size(1)
-        results[f"native_loader_{workers}_workers"] = _sampled_edges_per_s(via_loader,
-                                                                           args.batches)
+        results[f"directional_loader_{workers}_workers"] = _sampled_edges_per_s(via_loader,
+                                                                                args.batches)
     if pyg_sampler_available():
-        from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
-        from torch_geometric.data import Data
-        pyg = NeighborSampler(Data(edge_index=graph.edge_index(), num_nodes=graph.num_nodes),
-                              num_neighbors=fanout)
+        from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
 
-        def pyg_direct():
-            for batch in seeds.split(args.batch_size):
-                out = pyg.sample_from_nodes(NodeSamplerInput(input_id=None, node=batch))
-                yield out.row.numel()
-        results["pyg_1_thread"] = _sampled_edges_per_s(pyg_direct, args.batches)
-        results["native_vs_pyg"] = results["native_1_thread"] / results["pyg_1_thread"]
+        def pyg_loader():
+            loader = PyGNeighborLoader(data, fanout, input_nodes=seeds,
+                                       batch_size=args.batch_size)
+            for batch in loader:
+                yield batch.edge_index.size(1)
+        results["pyg_loader_1_thread"] = _sampled_edges_per_s(pyg_loader, args.batches)
+
+        def ours_loader():
+            from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+            loader = NeighborLoader(data, fanout, input_nodes=seeds, batch_size=args.batch_size,
+                                    seed=0)
+            for batch in loader:
+                yield batch.edge_index.size(1)
+        results["directional_pyg_mgpu_loader_1_thread"] = _sampled_edges_per_s(ours_loader,
+                                                                               args.batches)
+        results["pyg_mgpu_vs_pyg_loader"] = (results["directional_pyg_mgpu_loader_1_thread"]
+                                             / results["pyg_loader_1_thread"])
     else:
-        results["pyg_1_thread"] = "skipped: needs pyg-lib or torch-sparse"
+        results["pyg_loader_1_thread"] = "skipped: needs pyg-lib or torch-sparse"
     return results
 
 

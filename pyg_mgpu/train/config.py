@@ -17,6 +17,8 @@ AMP_MODES = ("none", "bf16")
 # PyG's multi-GPU example as written (every layer on every sampled node, gather/scatter
 # messages, torch dropout), kept as the benchmark baseline.
 RECIPES = ("pyg_mgpu", "pyg")
+# "sage": our GraphSAGE (the fast path above); the others are PyG's models (nn/models.py).
+MODELS = ("sage", "gcn", "gat", "gin")
 
 
 @dataclass
@@ -30,7 +32,9 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 1024
     fanout: tuple[int, ...] = (25, 10)
+    model: str = "sage"
     hidden: int = 256
+    heads: int = 8  # GAT only: 8 as in PyG's examples/gat.py on Cora
     dropout: float = 0.5
     lr: float = 0.003
     seed: int = 0
@@ -61,7 +65,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.fanout = tuple(int(k) for k in self.fanout)
         positive = {"--epochs": self.epochs, "--batch-size": self.batch_size,
-                    "--hidden": self.hidden, "--eval-every": self.eval_every,
+                    "--hidden": self.hidden, "--heads": self.heads,
+                    "--eval-every": self.eval_every,
                     "--num-nodes": self.num_nodes, "--num-edges": self.num_edges,
                     "--num-features": self.num_features, "--num-classes": self.num_classes}
         if self.eval_batch_size is not None:
@@ -97,6 +102,7 @@ class TrainConfig:
         if self.recipe not in RECIPES:
             raise ConfigError(f"--recipe must be one of {', '.join(RECIPES)}, "
                               f"got {self.recipe!r}.")
+        self._check_model()
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.feature_cache_gb is not None and not self.feature_cache_gb >= 0:
@@ -107,13 +113,32 @@ class TrainConfig:
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
 
+    def _check_model(self) -> None:
+        """``--model`` and the options that work with one model only."""
+        if self.model not in MODELS:
+            raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}.")
+        if self.model == "gat" and self.hidden % self.heads:
+            raise ConfigError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}: "
+                              "PyG's GAT splits each hidden layer's channels over its heads; "
+                              "choose a multiple of --heads.")
+        if self.model == "sage":
+            return
+        if self.recipe == "pyg":
+            raise ConfigError(f"--recipe pyg is PyG's GraphSAGE example as written and runs "
+                              f"--model sage only, got --model {self.model}.")
+        if self.inference == "layerwise":
+            raise ConfigError(f"--inference layerwise runs --model sage only, got --model "
+                              f"{self.model}; sampling every neighbour (--fanout=-1,-1 for two "
+                              "layers) evaluates exactly too.")
+
     @property
     def num_layers(self) -> int:
         return len(self.fanout)
 
     # Fields a resumed run must share with the checkpoint, or it would not continue the same run.
-    RESUME_MUST_MATCH = ("dataset", "fanout", "hidden", "batch_size", "seed", "recipe", "lr",
-                         "dropout", "num_nodes", "num_edges", "num_features", "num_classes")
+    RESUME_MUST_MATCH = ("dataset", "model", "heads", "fanout", "hidden", "batch_size", "seed",
+                         "recipe", "lr", "dropout", "num_nodes", "num_edges", "num_features",
+                         "num_classes")
 
     def to_dict(self) -> dict:
         d = asdict(self)

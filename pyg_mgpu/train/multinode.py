@@ -19,7 +19,7 @@ from pyg_mgpu.train.checkpoint import save_torch
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.data.datasets import load_configured
 from pyg_mgpu.data.graph import GraphStore
-from pyg_mgpu.distributed.launch import RankContext, process_group, set_thread_budget, tune_cpu_allocator
+from pyg_mgpu.distributed.launch import RankContext, torchrun_process_group
 from pyg_mgpu.sampling.sharding import check_shardable
 
 
@@ -52,24 +52,17 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     """The entry point under torchrun: same trainer, environment rendezvous."""
     from pyg_mgpu.train.trainer import run_training
 
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    use_cuda = torch.cuda.is_available() and cfg.devices != "cpu"
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    if cfg.recipe == "pyg_mgpu":  # the pyg recipe is a baseline: left as PyG's example runs
-        tune_cpu_allocator()
-    set_thread_budget(local_world)
-    with process_group(rank, world_size, device, init_method="env://",
-                       timeout_s=cfg.timeout_s, local_rank=local_rank) as ctx:
+    # The pyg recipe is a baseline: its allocator is left as PyG's example runs it.
+    with torchrun_process_group(cfg.devices, timeout_s=cfg.timeout_s,
+                                tune_allocator=cfg.recipe == "pyg_mgpu") as ctx:
         start = time.perf_counter()
         graph = load_graph_once_per_node(cfg, ctx)
-        check_shardable(graph.train_idx.numel(), world_size, cfg.batch_size)
+        check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.batch_size)
         if ctx.is_main:
-            print(f"{graph.summary()} | {world_size} rank(s) under torchrun on {device.type}",
-                  flush=True)
+            print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
+                  f"{ctx.device.type}", flush=True)
         run_training(ctx, graph, cfg, str(out),
                      {"load_time_s": time.perf_counter() - start, "launcher": "torchrun"})
-    if rank == 0:
+    if ctx.is_main:
         from pyg_mgpu.tools.report import plot_run
         plot_run(out)

@@ -31,11 +31,11 @@ from pyg_mgpu.distributed.launch import RankContext
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
-from pyg_mgpu.sampling.loader import (EpochBatchSampler, make_feature_cache, make_loader, place_graph,
+from pyg_mgpu.sampling.loader import (make_feature_cache, make_loader, place_graph,
                      resolve_sampler)
-from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.prefetch import Prefetcher
-from pyg_mgpu.sampling.sampler import NativeNeighborSampler
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sharding import eval_shard
 
 HISTORY_FIELDS = ("epoch", "train_loss", "train_acc", "val_acc", "epoch_time_s", "eval_time_s")
@@ -85,9 +85,10 @@ def _forward(model: torch.nn.Module, batch, *, trim: bool = True,
     """
     trim = trim and getattr(batch, "num_sampled_nodes", None) is not None
     with torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=amp):
-        if trim:
-            out = model(batch.x, batch.edge_index, batch.num_sampled_nodes,
-                        batch.num_sampled_edges)
+        if trim:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
+            out = model(batch.x, batch.edge_index,
+                        num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                        num_sampled_edges_per_hop=batch.num_sampled_edges)
         else:  # PyG's recipe: every layer on every sampled node
             out = model(batch.x, batch.edge_index)
     return out[:batch.batch_size].float()
@@ -127,7 +128,7 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
         # PyG's sampler takes no generator of its own; in a background thread its draws would
         # interleave with dropout's from process-wide random state, differently every run.
         depth = int(ctx.device.type == "cuda" and isinstance(loader.node_sampler,
-                                                             NativeNeighborSampler))
+                                                             NeighborSampler))
     prefetcher = Prefetcher(loader, ctx.device, depth) if depth else None
     batches = iter(tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
                         disable=not ctx.is_main, leave=False, dynamic_ncols=True))
@@ -287,9 +288,9 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     ours = cfg.recipe == "pyg_mgpu"
     # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
     # --compile inductor fuses PyG's plain ReLU and dropout instead.
-    model = GraphSAGE(graph.num_features, cfg.hidden, graph.num_classes, cfg.num_layers,
-                      cfg.dropout, sparse_aggregation=ours,
-                      fast_dropout=ours and not cfg.compile).to(ctx.device)
+    model = build_model(cfg.model, graph.num_features, cfg.hidden, graph.num_classes,
+                        cfg.num_layers, cfg.dropout, heads=cfg.heads, sparse_aggregation=ours,
+                        fast_dropout=ours and not cfg.compile).to(ctx.device)
     if cfg.compile:
         model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
     # CPU ranks overlap the gradient all-reduce with loading the next batch; PyG's recipe
@@ -303,15 +304,13 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
     torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
 
     graph = place_graph(graph, ctx.device, cfg.graph_on, sampler, _least_free_gpu_bytes(ctx))
-    batch_sampler = EpochBatchSampler(graph.train_idx.numel(), seed=cfg.seed, rank=ctx.rank,
-                                      world_size=ctx.world_size, batch_size=cfg.batch_size)
     feature_cache = make_feature_cache(graph, ctx.device, cfg.feature_cache_gb)
     if feature_cache is not None and ctx.is_main:
         tqdm.write(f"graph in host memory; {feature_cache.num_cached:,} hottest feature rows "
                    f"({feature_cache.nbytes() / 2**30:.2f} GiB) cached on the GPU")
     train_loader = make_loader(graph, graph.train_idx, fanout=cfg.fanout, sampler=sampler,
-                               seed=cfg.seed * 1009 + ctx.rank, batch_size=cfg.batch_size,
-                               num_workers=cfg.num_workers, batch_sampler=batch_sampler,
+                               seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
+                               batch_size=cfg.batch_size, num_workers=cfg.num_workers,
                                feature_cache=feature_cache, device=ctx.device)
     evaluator = Evaluator(graph, cfg, ctx, sampler, feature_cache)
 
@@ -331,7 +330,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
         if ctx.is_main:
             tqdm.write(f"resumed from {cfg.resume} after epoch {ckpt['epoch']}")
     for epoch in range(first_epoch, cfg.epochs + 1):
-        batch_sampler.set_epoch(epoch)
+        train_loader.set_epoch(epoch)
         timer.seconds.clear()
         start = time.perf_counter()
         train_loss, train_acc = train_epoch(ddp, optimizer, train_loader, ctx,
@@ -388,7 +387,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
             "sampler": sampler,
             "recipe": cfg.recipe,
             "amp": cfg.amp,
-            "steps_per_epoch": len(batch_sampler),
+            "steps_per_epoch": len(train_loader),
             "train_nodes": graph.train_idx.numel(),
             "threads_per_rank": torch.get_num_threads(),
             "config": cfg.to_dict(),

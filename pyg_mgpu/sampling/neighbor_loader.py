@@ -1,0 +1,161 @@
+"""``pyg_mgpu.NeighborLoader``: PyG's ``NeighborLoader`` on our sampler, plus distributed epochs.
+
+It is ``torch_geometric.loader.NeighborLoader`` itself, handed a
+:class:`pyg_mgpu.NeighborSampler`, so batches are PyG's: every node and edge attribute sliced,
+``n_id``, ``e_id`` (columns of the caller's ``edge_index``), ``input_id``, ``batch_size``,
+``num_sampled_nodes``, ``num_sampled_edges``, and ``batch`` when disjoint.
+
+``distributed=True`` adds what PyG's multi-GPU recipe lacks: each epoch the input nodes are
+permuted alike on every rank (from ``seed`` and the epoch set by :meth:`set_epoch`) and cut into
+equal shards, and every rank runs the same number of batches (so DDP never waits on a rank that
+ran out); every input node is seen exactly once per epoch across ranks, none dropped or repeated.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
+from torch_geometric.loader.utils import get_input_nodes
+
+from pyg_mgpu.data.csc import drop_cached_csc
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
+
+
+class EpochBatchSampler:
+    """Yields this rank's batches (positions into the input nodes) for the current epoch.
+
+    Call :meth:`set_epoch` before each epoch; the batches come from
+    :func:`pyg_mgpu.sampling.sharding.epoch_batches`, so all ranks run the same number of steps.
+    """
+
+    def __init__(self, num_items: int, *, seed: int, rank: int, world_size: int,
+                 batch_size: int, shuffle: bool = True):
+        self.num_items = num_items
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return steps_per_epoch(self.num_items, self.world_size, self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        positions = torch.arange(self.num_items)
+        for batch in epoch_batches(positions, seed=self.seed, epoch=self.epoch, rank=self.rank,
+                                   world_size=self.world_size, batch_size=self.batch_size,
+                                   shuffle=self.shuffle):
+            yield batch.tolist()
+
+
+class NeighborLoader(PyGNeighborLoader):
+    """A drop-in for ``torch_geometric.loader.NeighborLoader`` (homogeneous graphs) that needs
+    neither pyg-lib nor torch-sparse.
+
+    Takes PyG's arguments (see its documentation) and these keyword-only ones:
+
+    Args:
+        distributed: Shard the input nodes over the ranks of the process group, with equal
+            step counts; call :meth:`set_epoch` at the start of every epoch.
+        rank, world_size: This rank and the rank count (default: from ``torch.distributed``).
+        seed: Seeds the epoch permutation (identical on all ranks) and, offset by the rank,
+            the sampler's draws. Default 0 with ``distributed``, else drawn from torch's global
+            generator.
+    """
+
+    def __init__(
+        self,
+        data: Data,
+        num_neighbors,
+        input_nodes=None,
+        input_time: Optional[Tensor] = None,
+        replace: bool = False,
+        subgraph_type="directional",
+        disjoint: bool = False,
+        temporal_strategy: str = "uniform",
+        time_attr: Optional[str] = None,
+        weight_attr: Optional[str] = None,
+        transform: Optional[Callable] = None,
+        transform_sampler_output: Optional[Callable] = None,
+        is_sorted: bool = False,
+        filter_per_worker: Optional[bool] = None,
+        neighbor_sampler: Optional[NeighborSampler] = None,
+        directed: bool = True,
+        *,
+        distributed: bool = False,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        seed: Optional[int] = None,
+        **kwargs,
+    ):
+        if input_time is not None:
+            raise ValueError("pyg_mgpu.NeighborLoader does not do temporal sampling "
+                             "(input_time); use torch_geometric.loader.NeighborLoader with "
+                             "pyg-lib.")
+        self.epoch_sampler: Optional[EpochBatchSampler] = None
+        if distributed:
+            rank, world_size = _rank_and_world_size(rank, world_size)
+            seed = 0 if seed is None else seed
+            self.epoch_sampler = _epoch_sampler(data, input_nodes, kwargs, seed=seed, rank=rank,
+                                                world_size=world_size)
+            kwargs["batch_sampler"] = self.epoch_sampler
+        if neighbor_sampler is None:
+            neighbor_sampler = NeighborSampler(
+                data, num_neighbors=num_neighbors, replace=replace, subgraph_type=subgraph_type,
+                disjoint=disjoint, temporal_strategy=temporal_strategy, time_attr=time_attr,
+                weight_attr=weight_attr, is_sorted=is_sorted,
+                share_memory=kwargs.get("num_workers", 0) > 0, directed=directed,
+                # Each rank draws its own samples; the permutation above is shared.
+                seed=None if seed is None else seed * 1009 + (rank or 0))
+        super().__init__(data, num_neighbors, input_nodes=input_nodes, transform=transform,
+                         transform_sampler_output=transform_sampler_output,
+                         filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
+                         **kwargs)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch's permutation (``distributed=True``; otherwise does nothing)."""
+        if self.epoch_sampler is not None:
+            self.epoch_sampler.set_epoch(epoch)
+
+    def filter_fn(self, out):
+        # A batch is a shallow copy of the graph; it must not carry the graph's CSC along
+        # (DataLoader workers would pickle it with every batch).
+        batch = drop_cached_csc(super().filter_fn(out))
+        if "e_id" in batch:  # the CSC stores the edge permutation as int32 where it fits
+            batch.e_id = batch.e_id.long()
+        return batch
+
+
+def _rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("distributed=True needs rank= and world_size=, or an initialized "
+                             "process group (torch.distributed.init_process_group, or "
+                             "pyg_mgpu.spawn).")
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size}).")
+    return rank, world_size
+
+
+def _epoch_sampler(data: Data, input_nodes, kwargs: dict, *, seed: int, rank: int,
+                   world_size: int) -> EpochBatchSampler:
+    """Takes DataLoader's batching arguments out of ``kwargs`` into an epoch batch sampler."""
+    if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
+        raise ValueError("distributed=True makes its own batches; drop sampler= / "
+                         "batch_sampler=.")
+    if kwargs.pop("drop_last", False):
+        raise ValueError("distributed=True drops no input node: every rank gets the same "
+                         "number of batches of near-equal size; drop drop_last=True.")
+    batch_size = kwargs.pop("batch_size", 1)
+    shuffle = kwargs.pop("shuffle", False)
+    num_inputs = get_input_nodes(data, input_nodes)[1].numel()
+    return EpochBatchSampler(num_inputs, seed=seed, rank=rank, world_size=world_size,
+                             batch_size=batch_size, shuffle=shuffle)

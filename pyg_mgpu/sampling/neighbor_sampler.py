@@ -1,0 +1,367 @@
+"""``pyg_mgpu.NeighborSampler``: PyG's ``NeighborSampler`` in plain torch (no pyg-lib/torch-sparse).
+
+Same constructor, same :class:`~torch_geometric.sampler.SamplerOutput`, same semantics as
+``torch_geometric.sampler.NeighborSampler`` for homogeneous graphs, on CPU or CUDA tensors:
+
+- ``node`` lists the seeds first, then each hop's newly reached nodes in order of first
+  appearance; ``row``/``col`` are local ids of each sampled edge's (source, destination), grouped
+  by hop and, within a hop, by destination; ``edge`` is the edge's position in the CSC and
+  :attr:`edge_permutation` maps it to the caller's ``edge_index`` column (PyG's loaders apply it,
+  so ``batch.e_id`` and every edge attribute name the caller's edges);
+- ``subgraph_type``: ``directional`` (the sampled edges), ``bidirectional`` (plus their reverses,
+  by PyG's own post-processing), ``induced`` (every edge among the sampled nodes);
+- ``disjoint=True``: a separate tree per seed (``batch`` says whose); ``replace=True``: draws with
+  replacement; ``weight_attr``: draws proportional to an edge attribute (see :mod:`.draws`).
+
+The graph's CSC is built once per ``Data`` and shared (:mod:`pyg_mgpu.data.csc`); sampling runs
+on the device that holds ``edge_index``.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.sampler import NeighborSampler as PyGNeighborSampler
+from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
+from torch_geometric.sampler.base import DataType, SubgraphType
+
+from pyg_mgpu.data.csc import CSC, csc_of
+from pyg_mgpu.sampling.draws import hop_edges
+
+
+def _unseen(lookup_type: torch.dtype) -> int:
+    """The lookup entry of a node not in the batch (yet): above every id and offer."""
+    return torch.iinfo(lookup_type).max
+
+
+class NeighborSampler(PyGNeighborSampler):
+    """Neighbour sampling over a homogeneous ``Data``, a drop-in for PyG's ``NeighborSampler``.
+
+    Args:
+        data: The graph. Its ``edge_index`` may be int64 or int32, on CPU or CUDA.
+        num_neighbors: Neighbours to draw per node at each hop; ``-1`` keeps all of them.
+        subgraph_type: ``"directional"``, ``"bidirectional"`` or ``"induced"``.
+        replace: Draw with replacement.
+        disjoint: One separate subgraph per seed node.
+        temporal_strategy: Accepted for PyG's signature; temporal sampling is not supported.
+        time_attr: Not supported (raises): use PyG's sampler with pyg-lib.
+        weight_attr: Name of an edge attribute of ``data`` holding non-negative sampling weights.
+        is_sorted: ``edge_index`` is already sorted by destination (skips the sort; checked).
+        share_memory: Move the graph's CSC to shared memory (for DataLoader workers).
+        directed: Deprecated PyG spelling of ``subgraph_type="induced"`` (when False).
+        sample_direction: ``"forward"`` draws in-neighbours (messages flow to the seeds),
+            ``"backward"`` out-neighbours.
+        seed: Seed of this sampler's own random generator. Default: drawn once from torch's
+            global generator, so ``torch.manual_seed`` makes runs repeat.
+    """
+
+    def __init__(
+        self,
+        data: Data,
+        num_neighbors,
+        subgraph_type: Union[SubgraphType, str] = "directional",
+        replace: bool = False,
+        disjoint: bool = False,
+        temporal_strategy: str = "uniform",
+        time_attr: Optional[str] = None,
+        weight_attr: Optional[str] = None,
+        is_sorted: bool = False,
+        share_memory: bool = False,
+        directed: bool = True,
+        sample_direction: str = "forward",
+        *,
+        seed: Optional[int] = None,
+    ):
+        # PyG's __init__ is not called: it converts edge_index to a CSC copy of its own (per
+        # sampler, per rank) and refuses weights without pyg-lib. The attributes PyG's loaders
+        # read are set here instead.
+        _check_supported(data, time_attr, sample_direction)
+        # "backward" samples out-neighbours: the same walk over the transposed graph, with
+        # each sampled edge turned back at the end.
+        self.sample_direction = sample_direction
+        if not directed:
+            subgraph_type = SubgraphType.induced
+            warnings.warn("The usage of the 'directed' argument in 'NeighborSampler' is "
+                          "deprecated. Use `subgraph_type='induced'` instead.", stacklevel=2)
+        self.data_type = DataType.homogeneous
+        self.num_nodes = data.num_nodes
+        self.node_time = self.edge_time = None
+        self.csc = csc_of(data, is_sorted=is_sorted, transpose=sample_direction == "backward")
+        if share_memory and not self.csc.row.is_cuda:
+            self.csc.share_memory_()
+        self.colptr, self.row, self.perm = self.csc.colptr, self.csc.row, self.csc.perm
+        # Outputs are int32 for an int32 edge_index, as PyG's are.
+        self.index_dtype = torch.int32 if data.edge_index.dtype == torch.int32 else torch.long
+        self.edge_weight, self.cum_weight = _csc_weights(data, weight_attr, self.csc)
+
+        self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
+        self.replace = replace
+        self.subgraph_type = SubgraphType(subgraph_type)
+        self.disjoint = disjoint
+        self.temporal_strategy = temporal_strategy
+        self.keep_orig_edges = False
+        if self.disjoint and self.subgraph_type == SubgraphType.induced:
+            raise ValueError("'disjoint' sampling is not supported with "
+                             "subgraph_type='induced' (neither is it in PyG); use "
+                             "'directional' or 'bidirectional'.")
+
+        device = self.colptr.device
+        self.generator = torch.Generator(device=device)
+        if seed is None:
+            seed = int(torch.randint(2**62, (), dtype=torch.long))
+        self.generator.manual_seed(seed)
+        self._seeded_for_worker: Optional[int] = None
+        self._lookup: Optional[Tensor] = None  # global -> local id, built lazily per process
+        # int32 halves the lookup's random accesses' footprint; its entries go up to the node
+        # count plus one hop's sampled edges (see _first_occurrences).
+        self._lookup_type = torch.int32 if self.num_nodes < 2**30 else torch.int64
+        # Floyd's offsets are below a degree, so int32 holds them whenever the edge count does.
+        self._offset_type = torch.int32 if self.row.numel() < 2**31 else torch.int64
+        self.busy_s = 0.0  # seconds spent sampling in this process (for per-stage timing)
+
+    @property
+    def fanouts(self) -> list[int]:
+        """Neighbours per hop (read on every batch: PyG's wrappers reassign num_neighbors)."""
+        return [int(k) for k in self.num_neighbors.get_mapped_values()]
+
+    @property
+    def device(self) -> torch.device:
+        return self.colptr.device
+
+    def __getstate__(self) -> dict:
+        # DataLoader workers rebuild their own lookup array; never pickle per-process scratch.
+        state = self.__dict__.copy()
+        state["_lookup"] = None
+        state["generator"] = self.generator.get_state()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        gen_state = state.pop("generator")
+        self.__dict__.update(state)
+        self.generator = torch.Generator(device=self.colptr.device)
+        self.generator.set_state(gen_state)
+
+    def sample(self, seeds: Tensor) -> SamplerOutput:
+        """The sampled subgraph around ``seeds`` (node ids), without a loader."""
+        return self.sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds))
+
+    def sample_from_nodes(self, inputs: NodeSamplerInput, **kwargs) -> SamplerOutput:
+        start = time.perf_counter()
+        out = super().sample_from_nodes(inputs)
+        self.busy_s += time.perf_counter() - start
+        return out
+
+    def _sample(self, seed: Tensor, seed_time: Optional[Tensor] = None,
+                **kwargs) -> SamplerOutput:
+        """Samples the multi-hop neighbourhood of ``seed`` (PyG's hook for both node and edge
+        loaders)."""
+        if isinstance(seed, dict):
+            raise ValueError(_HETERO_ERROR)
+        if seed_time is not None:
+            raise ValueError(_TEMPORAL_ERROR)
+        self._reseed_in_worker()
+        seed = seed.to(device=self.device, dtype=torch.long)
+        out = self._sample_disjoint(seed) if self.disjoint else self._sample_joint(seed)
+        if self.sample_direction == "backward":
+            out.row, out.col = out.col, out.row
+        if self.index_dtype != torch.long:  # PyG's outputs take the graph's index type
+            for name in ("node", "row", "col", "edge", "batch"):
+                value = getattr(out, name)
+                if value is not None:
+                    setattr(out, name, value.to(self.index_dtype))
+        return out
+
+    def _draw(self, frontier: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+        if fanout == 0:
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            return empty, empty
+        return hop_edges(self.colptr, frontier, fanout, replace=self.replace,
+                         weight=self.edge_weight, cum_weight=self.cum_weight,
+                         generator=self.generator, offset_type=self._offset_type)
+
+    def _sample_joint(self, seed: Tensor) -> SamplerOutput:
+        """One shared subgraph for all seeds: each node appears once."""
+        if self._lookup is None or self._lookup.device != self.device:
+            self._lookup = torch.full((self.num_nodes,), _unseen(self._lookup_type),
+                                      dtype=self._lookup_type, device=self.device)
+        lookup = self._lookup
+        nodes = [seed]
+        num_nodes = seed.numel()
+        frontier, frontier_start = seed, 0
+        rows, cols, edges = [], [], []
+        num_sampled_nodes, num_sampled_edges = [seed.numel()], []
+        touched = None  # this hop's neighbours: their lookup entries may be mid-update
+        try:
+            # A repeated seed keeps its first position (as pyg-lib); a plain indexed write
+            # would keep an arbitrary one.
+            lookup.scatter_reduce_(0, seed, torch.arange(seed.numel(), dtype=lookup.dtype,
+                                                         device=self.device), reduce="amin")
+            for fanout in self.fanouts:
+                local_dst, edge = self._draw(frontier, fanout)
+                # int64 from here on: scatter and index_copy take no int32 index.
+                touched = nbr = self.row.index_select(0, edge).long()
+                new_nodes = _first_occurrences(nbr, lookup)
+                lookup.index_copy_(0, new_nodes, torch.arange(
+                    num_nodes, num_nodes + new_nodes.numel(), dtype=lookup.dtype,
+                    device=self.device))
+                touched = None
+                nodes.append(new_nodes)
+                rows.append(lookup.index_select(0, nbr))
+                cols.append(local_dst.add_(frontier_start))
+                edges.append(edge)
+                num_sampled_nodes.append(new_nodes.numel())
+                num_sampled_edges.append(edge.numel())
+                frontier, frontier_start = new_nodes, num_nodes
+                num_nodes += new_nodes.numel()
+            node = torch.cat(nodes)
+            if self.subgraph_type == SubgraphType.induced:
+                row, col, edge = self._induced_edges(node, lookup)
+                # As PyG's induced sampling (torch-sparse): no per-hop counts.
+                num_sampled_nodes = num_sampled_edges = None
+            else:
+                row, col, edge = torch.cat(rows), torch.cat(cols), torch.cat(edges)
+        finally:
+            # Leave the scratch array clean for the next batch, even after an error.
+            lookup.index_fill_(0, torch.cat(nodes), _unseen(lookup.dtype))
+            if touched is not None:
+                lookup.index_fill_(0, touched, _unseen(lookup.dtype))
+        return SamplerOutput(node=node, row=row.long(), col=col, edge=edge,
+                             num_sampled_nodes=num_sampled_nodes,
+                             num_sampled_edges=num_sampled_edges)
+
+    def _induced_edges(self, node: Tensor, lookup: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Every edge among ``node``: by destination in node order, then in CSC order."""
+        local_dst, edge = hop_edges(self.colptr, node, -1)
+        src_local = lookup.index_select(0, self.row.index_select(0, edge).long())
+        keep = src_local != _unseen(lookup.dtype)
+        return src_local[keep], local_dst[keep], edge[keep]
+
+    def _sample_disjoint(self, seed: Tensor) -> SamplerOutput:
+        """A separate tree per seed: a node reached from two seeds appears twice.
+
+        A node of the batch is the pair (seed index, node id), deduplicated per hop against the
+        pairs seen so far through sorted int64 keys ``seed_index * N + node``.
+        """
+        n = self.num_nodes
+        batch = torch.arange(seed.numel(), device=self.device)
+        nodes, batches = [seed], [batch]
+        seen_keys = batch * n + seed
+        seen_keys, seen_local = torch.sort(seen_keys)
+        frontier, frontier_batch, frontier_start = seed, batch, 0
+        num_nodes = seed.numel()
+        rows, cols, edges = [], [], []
+        num_sampled_nodes, num_sampled_edges = [seed.numel()], []
+        for fanout in self.fanouts:
+            local_dst, edge = self._draw(frontier, fanout)
+            nbr = self.row.index_select(0, edge).long()
+            nbr_batch = frontier_batch.index_select(0, local_dst)
+            keys = nbr_batch * n + nbr
+            local, new_keys = _assign_local_ids(keys, seen_keys, seen_local, num_nodes)
+            new_nodes, new_batch = new_keys % n, new_keys // n
+            seen_keys, order = torch.sort(torch.cat([seen_keys, new_keys]))
+            seen_local = torch.cat([seen_local, torch.arange(
+                num_nodes, num_nodes + new_keys.numel(), device=self.device)])[order]
+            nodes.append(new_nodes)
+            batches.append(new_batch)
+            rows.append(local)
+            cols.append(local_dst.add_(frontier_start))
+            edges.append(edge)
+            num_sampled_nodes.append(new_nodes.numel())
+            num_sampled_edges.append(edge.numel())
+            frontier, frontier_batch, frontier_start = new_nodes, new_batch, num_nodes
+            num_nodes += new_nodes.numel()
+        return SamplerOutput(node=torch.cat(nodes), row=torch.cat(rows), col=torch.cat(cols),
+                             edge=torch.cat(edges), batch=torch.cat(batches),
+                             num_sampled_nodes=num_sampled_nodes,
+                             num_sampled_edges=num_sampled_edges)
+
+    def _reseed_in_worker(self) -> None:
+        # Every DataLoader worker starts from a copy of this sampler, generator state included:
+        # unseeded, all workers would replay one random stream on their different batches. Each
+        # takes the seed DataLoader derives for it instead (reproducible from the loader's
+        # generator), once.
+        info = torch.utils.data.get_worker_info()
+        if info is not None and self._seeded_for_worker != info.id:
+            self.generator.manual_seed(info.seed)
+            self._seeded_for_worker = info.id
+
+
+_HETERO_ERROR = ("pyg_mgpu.NeighborSampler samples homogeneous graphs (torch_geometric.data.Data)"
+                 " only; for HeteroData or (FeatureStore, GraphStore) use "
+                 "torch_geometric.loader.NeighborLoader with pyg-lib.")
+_TEMPORAL_ERROR = ("pyg_mgpu.NeighborSampler does not do temporal sampling (time_attr / "
+                   "input_time); use torch_geometric.loader.NeighborLoader with pyg-lib.")
+
+
+def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> None:
+    if isinstance(data, HeteroData) or not isinstance(data, Data):
+        raise ValueError(_HETERO_ERROR)
+    if sample_direction not in ("forward", "backward"):
+        raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
+                         f"{sample_direction!r}.")
+    if time_attr is not None and sample_direction == "backward":
+        raise NotImplementedError("Temporal Sampling not yet supported for backward sampling")
+    if time_attr is not None:
+        raise ValueError(_TEMPORAL_ERROR)
+
+
+def _csc_weights(data: Data, weight_attr: Optional[str],
+                 csc: CSC) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """The sampling weights in CSC order, and their running sum (for draws with replacement)."""
+    if weight_attr is None:
+        return None, None
+    if weight_attr not in data or not isinstance(data[weight_attr], Tensor):
+        raise ValueError(f"weight_attr={weight_attr!r} is not a tensor attribute of the graph.")
+    weight = data[weight_attr]
+    if weight.dim() != 1 or weight.numel() != csc.num_edges:
+        raise ValueError(f"weight_attr={weight_attr!r} must hold one weight per edge, shape "
+                         f"[{csc.num_edges}], got {tuple(weight.shape)}.")
+    weight = weight.float()  # the keys of weighted draws are float32
+    if bool((weight < 0).any()) or not bool(torch.isfinite(weight).all()):
+        raise ValueError(f"weight_attr={weight_attr!r} holds negative or non-finite weights; "
+                         "sampling weights must be finite and >= 0.")
+    weight = weight.to(csc.row.device)
+    if csc.perm is not None:
+        weight = weight.index_select(0, csc.perm)
+    return weight, torch.cumsum(weight, 0, dtype=torch.float64)
+
+
+def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
+    """Distinct nodes of ``nbr`` not yet in ``lookup``, in order of first appearance.
+
+    Every position offers ``num_nodes + position`` to its node's lookup entry and the smallest
+    wins. Known nodes hold a local id (below ``num_nodes``) and keep it; unseen ones hold
+    ``_unseen`` (above everything) and end up with their first position, which reads back
+    equal only there. No sort, one pass, and the same order on every run and thread count (a
+    plain indexed write lets an arbitrary duplicate win when it runs in parallel).
+    """
+    if lookup.numel() + nbr.numel() >= _unseen(lookup.dtype):
+        raise RuntimeError(f"{nbr.numel():,} sampled neighbours in one hop of a "
+                           f"{lookup.numel():,}-node graph overflow the lookup's "
+                           f"{lookup.dtype}; sample smaller batches.")
+    offer = torch.arange(lookup.numel(), lookup.numel() + nbr.numel(), dtype=lookup.dtype,
+                         device=nbr.device)
+    lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
+    return nbr.masked_select(lookup.index_select(0, nbr) == offer)
+
+
+def _assign_local_ids(keys: Tensor, seen_keys: Tensor, seen_local: Tensor,
+                      num_nodes: int) -> tuple[Tensor, Tensor]:
+    """Local ids of ``keys``: from ``seen_keys`` (sorted) where known, else new ids from
+    ``num_nodes`` on, in order of first appearance. Returns (local ids, new keys in order)."""
+    pos = torch.searchsorted(seen_keys, keys).clamp_(max=max(seen_keys.numel() - 1, 0))
+    known = seen_keys.index_select(0, pos) == keys
+    local = torch.where(known, seen_local.index_select(0, pos), -1)
+    unknown = (~known).nonzero().squeeze(1)
+    uniq, inverse = torch.unique(keys.index_select(0, unknown), return_inverse=True)
+    first = torch.full((uniq.numel(),), keys.numel(), dtype=torch.long, device=keys.device)
+    first.scatter_reduce_(0, inverse, unknown, reduce="amin")
+    order = torch.argsort(first)  # new keys by first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=keys.device)
+    local[unknown] = num_nodes + rank.index_select(0, inverse)
+    return local, uniq.index_select(0, order)

@@ -1,0 +1,166 @@
+"""Exact evaluation for PyG models across ranks: sums and counts, summed over ranks, divided once.
+
+Ranks that evaluate different numbers of nodes cannot average their accuracies: with 3 of 4
+right on rank 0 and 0 of 1 on rank 1 the mean of the ratios is 0.375, the accuracy 3 of 5 =
+0.6. So every helper here keeps a sum and a count per rank, adds both over the ranks in one
+all-reduce, and divides once. The same helpers serve the two ways of evaluating:
+
+- sharded: every rank evaluates its own part of the nodes (e.g. a loader built with
+  ``distributed=True``) and calls with ``sum_over_ranks=True`` (the default);
+- on one rank: rank 0 evaluates every node and calls with ``sum_over_ranks=False``, while the
+  other ranks do not call at all.
+
+:func:`layerwise_inference` computes every node's outputs, one layer at a time, for any model
+with PyG's ``BasicGNN.inference`` (PyG's ``GraphSAGE``, ``GAT``, ``GIN``, ``GCN``).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable, Iterator, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_mgpu.data.csc import attach_csc, csc_of
+from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+
+
+def all_reduce_sum(values: Tensor) -> Tensor:
+    """``values`` summed over every rank of the default process group.
+
+    A collective: every rank must call it. Without an initialized process group (a single
+    process) ``values`` is returned unchanged.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    # NCCL reduces CUDA tensors only; gloo takes host tensors.
+    on_gpu = dist.get_backend() == "nccl"
+    summed = values.to(torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu",
+                       copy=True)
+    dist.all_reduce(summed)
+    return summed.to(values.device)
+
+
+def global_ratio(numerator: Union[float, Tensor], denominator: Union[float, Tensor], *,
+                 sum_over_ranks: bool = True) -> float:
+    """``numerator / denominator``, both first summed over the ranks: never a mean of ratios.
+
+    Args:
+        numerator: This rank's sum (e.g. correct predictions, or a loss summed over nodes).
+        denominator: This rank's count (e.g. nodes evaluated); may be 0 on some ranks.
+        sum_over_ranks: Sum both over every rank (a collective: every rank must call). False
+            divides this rank's own numbers (evaluation on rank 0 alone).
+
+    Raises:
+        ValueError: when the (summed) denominator is 0: there was nothing to evaluate.
+    """
+    # float64 counts are exact up to 2**53.
+    totals = torch.tensor([float(numerator), float(denominator)], dtype=torch.float64)
+    if sum_over_ranks:
+        totals = all_reduce_sum(totals)
+    if totals[1] == 0:
+        where = "on any rank" if sum_over_ranks else "on this rank"
+        raise ValueError(f"nothing was evaluated {where} (count 0); pass a loader or split "
+                         "with at least one node.")
+    return float(totals[0] / totals[1])
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
+             device: Optional[torch.device] = None, sum_over_ranks: bool = True) -> float:
+    """Exact accuracy of ``model`` on the seed nodes of ``loader``'s batches, over all ranks.
+
+    Each batch is a PyG mini-batch (e.g. from ``NeighborLoader``): its first ``batch_size``
+    rows are the seed nodes, the rest only their neighbourhood. ``model(batch.x,
+    batch.edge_index)`` is evaluated in eval mode (the model's mode is restored afterwards),
+    and its argmax on the seed rows compared with ``batch.y``.
+
+    Args:
+        model: The model; pass the unwrapped one (``ddp.module``), since
+            ``DistributedDataParallel``'s forward may run collectives of its own.
+        loader: This rank's batches: its shard of the nodes, or every node when only this
+            rank evaluates.
+        device: Where to compute; default the model's device.
+        sum_over_ranks: See :func:`global_ratio`: True for sharded evaluation (every rank
+            calls), False when only this rank evaluates.
+
+    Returns:
+        Correct predictions over evaluated seed nodes, summed over the ranks before dividing.
+    """
+    device = device or _model_device(model)
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    total = 0
+    with _eval_mode(model):
+        for batch in loader:
+            batch = batch.to(device)
+            seeds = batch.batch_size
+            logits = model(batch.x, batch.edge_index)[:seeds]
+            # Summed on the device: one host read at the end, not one per batch.
+            correct += (logits.argmax(dim=-1) == batch.y[:seeds]).sum()
+            total += seeds
+    return global_ratio(correct, total, sum_over_ranks=sum_over_ranks)
+
+
+@torch.no_grad()
+def layerwise_inference(model: torch.nn.Module, data: Data, *, batch_size: int = 4096,
+                        device: Optional[torch.device] = None,
+                        progress_bar: bool = False) -> Tensor:
+    """Every node's output of ``model`` from all its neighbours, one layer at a time.
+
+    Layer ``i`` runs for every node on all its in-neighbours' outputs of layer ``i - 1``, so
+    each layer is one pass over the edges, where sampled evaluation with all neighbours would
+    recompute the shared lower layers of every batch. This is PyG's ``BasicGNN.inference``
+    (the model's own method) fed with a one-hop, full-neighbourhood loader over all nodes,
+    which needs neither pyg-lib nor torch-sparse here. It runs on this rank alone: call it on
+    rank 0, or on every rank that needs the outputs.
+
+    Args:
+        model: A model with PyG's ``inference(loader, device, progress_bar=...)`` method
+            (``torch_geometric.nn.models.GraphSAGE``, ``GAT``, ``GIN``: outputs equal the
+            full-graph forward's), unwrapped (``ddp.module``). Run in eval mode; its mode is
+            restored afterwards. PyG's ``GCN`` runs too, but not exactly: its normalisation
+            reads the degrees of source nodes, which a one-hop batch does not hold (as with
+            PyG's own loader).
+        data: The graph, with ``x`` and ``edge_index``; its cached CSC is reused.
+        batch_size: Destination nodes per step.
+        device: Where to compute; default the model's device.
+        progress_bar: Show PyG's progress bar.
+
+    Returns:
+        ``[num_nodes, out_channels]`` outputs on the CPU (PyG's default embedding device).
+
+    Raises:
+        TypeError: when the model has no ``inference`` method.
+    """
+    if not callable(getattr(model, "inference", None)):
+        raise TypeError(f"{type(model).__name__} has no inference(loader, device, "
+                        "progress_bar) method; layer-wise inference needs PyG's BasicGNN API "
+                        "(torch_geometric.nn.models.GraphSAGE, GCN, GAT, GIN). Unwrap "
+                        "DistributedDataParallel with .module.")
+    # Only what inference reads: batches would otherwise slice every node and edge attribute
+    # of the graph at every step. Batches still carry their nodes' x, which PyG's loader
+    # slices and BasicGNN.inference does not read (it indexes the loader's x by n_id).
+    graph = Data(x=data.x, edge_index=data.edge_index, num_nodes=data.num_nodes)
+    attach_csc(graph, csc_of(data))  # the same edge_index tensor: its CSC, built at most once
+    loader = NeighborLoader(graph, num_neighbors=[-1], input_nodes=None, batch_size=batch_size,
+                            shuffle=False)
+    with _eval_mode(model):
+        return model.inference(loader, device=device or _model_device(model),
+                               progress_bar=progress_bar)
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

@@ -1,0 +1,68 @@
+"""Rank functions for the spawn and evaluation tests (module level, so spawned ranks import them)."""
+from unittest import mock
+
+import torch
+from torch_geometric.data import Data
+
+import pyg_mgpu.data.csc as csc_module
+from pyg_mgpu.train.evaluation import accuracy, global_ratio
+
+
+def record_context(ctx, result):
+    """``result[rank]`` = (rank, world_size, is_main, device is CPU)."""
+    result[ctx.rank] = torch.tensor([ctx.rank, ctx.world_size, ctx.is_main,
+                                     ctx.device == torch.device("cpu")])
+
+
+def check_shared_data(ctx, data, result):
+    """Records what arrived: shared tensors, the parent's CSC (building another one fails)."""
+    with mock.patch.object(csc_module, "build_csc", side_effect=AssertionError("CSC rebuilt")):
+        csc = csc_module.csc_of(data)
+    result[ctx.rank] = torch.tensor([
+        all(t.is_shared() for t in (data.x, data.y, data.edge_index)),
+        csc_module.cached_csc(data) is csc,
+        csc.is_shared(),
+    ])
+    data.x[ctx.rank, 0] = 100.0 + ctx.rank  # the parent must see this write
+
+
+def raise_on_rank_one(ctx):
+    if ctx.rank == 1:
+        _fail_deep_inside()
+    torch.distributed.barrier()  # rank 0 would wait here forever if the failure did not end it
+
+
+def _fail_deep_inside():
+    raise ValueError("rank one gives up")
+
+
+class Logits(torch.nn.Module):
+    """A 'model' whose predictions are its input rows: batches set its answers exactly."""
+
+    def forward(self, x, edge_index):
+        return x
+
+
+def batch_of(predictions, labels, batch_size):
+    """A PyG mini-batch: the first ``batch_size`` rows are the seeds, the rest neighbours."""
+    return Data(x=torch.nn.functional.one_hot(torch.tensor(predictions), 3).float(),
+                y=torch.tensor(labels), edge_index=torch.empty(2, 0, dtype=torch.long),
+                batch_size=batch_size)
+
+
+# Rank 0: 3 of its 4 seeds right; rank 1: its 1 seed wrong. The accuracy is 3 of 5 = 0.6; the
+# mean of the ranks' ratios would be 0.375. Non-seed rows are all wrong and must not count.
+SHARDS = [
+    [batch_of([0, 1, 2, 0, 1], [0, 1, 2, 2, 0], batch_size=3),  # 3 of 3 seeds right
+     batch_of([1, 2], [0, 2], batch_size=1)],  # 0 of 1
+    [batch_of([2, 0], [1, 1], batch_size=1)],  # 0 of 1
+]
+
+
+def evaluate_unequal_shards(ctx, result):
+    """``result[rank]`` = (sharded accuracy, rank-0-only accuracy, global_ratio of counts)."""
+    result[ctx.rank, 0] = accuracy(Logits(), SHARDS[ctx.rank])
+    if ctx.is_main:  # rank 0 alone, over every batch; rank 1 does not take part
+        result[ctx.rank, 1] = accuracy(Logits(), SHARDS[0] + SHARDS[1], sum_over_ranks=False)
+    correct, total = [(3, 4), (0, 1)][ctx.rank]
+    result[ctx.rank, 2] = global_ratio(correct, total)

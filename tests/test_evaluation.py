@@ -1,0 +1,87 @@
+"""Exact evaluation: sums and counts reduced over ranks before one division; layer-wise inference
+equal to the full-graph forward."""
+from unittest import mock
+
+import pytest
+import torch
+from torch_geometric.data import Data
+from torch_geometric.nn.models import GIN, GraphSAGE
+
+import pyg_mgpu.data.csc as csc_module
+from pyg_mgpu.data import SyntheticSpec, load_dataset
+from pyg_mgpu.distributed.launch import spawn
+from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+from pyg_mgpu.train.evaluation import accuracy, global_ratio, layerwise_inference
+
+import _spawn_ranks
+from _spawn_ranks import SHARDS, Logits
+
+SMALL = SyntheticSpec(num_nodes=400, num_edges=4_000, num_features=8, num_classes=3)
+
+
+def test_ratio_in_one_process_is_the_plain_ratio():
+    assert global_ratio(3, 4) == 0.75
+    assert global_ratio(torch.tensor(3), 4, sum_over_ranks=False) == 0.75
+    with pytest.raises(ValueError, match="nothing was evaluated"):
+        global_ratio(0, 0)
+
+
+def test_accuracy_counts_only_the_seed_rows():
+    model = Logits().train()
+    assert accuracy(model, SHARDS[0]) == 0.75  # 3 of 4 seeds; the non-seed rows are wrong
+    assert model.training, "the model's mode was not restored"
+
+
+@pytest.mark.slow
+def test_unequal_shards_reduce_to_the_exact_accuracy():
+    result = torch.full((2, 3), float("nan"), dtype=torch.float64)
+    spawn(_spawn_ranks.evaluate_unequal_shards, args=(result,), devices="cpu", nprocs=2)
+    # 3 of 5 right over both ranks, not the 0.375 mean of the ranks' 0.75 and 0.0.
+    for rank in range(2):
+        assert result[rank, 0].item() == pytest.approx(0.6), "sharded accuracy"
+        assert result[rank, 2].item() == pytest.approx(0.6), "global_ratio of the counts"
+    assert result[0, 1].item() == pytest.approx(0.6), "rank-0-only accuracy"
+    assert result[1, 1].isnan(), "rank 1 did not evaluate"
+
+
+def full_graph_logits(model, data):
+    with torch.no_grad():
+        return model.eval()(data.x, data.edge_index)
+
+
+@pytest.mark.parametrize("model_class", [GraphSAGE, GIN])
+def test_layerwise_inference_equals_the_full_graph_forward(model_class):
+    data = load_dataset("synthetic", synthetic=SMALL)  # its CSC is attached: never rebuilt
+    torch.manual_seed(0)
+    model = model_class(SMALL.num_features, 16, 2, SMALL.num_classes).train()
+    with mock.patch.object(csc_module, "build_csc", side_effect=AssertionError("CSC rebuilt")):
+        out = layerwise_inference(model, data, batch_size=64)  # batches do not divide 400
+    assert model.training, "the model's mode was not restored"
+    torch.testing.assert_close(out, full_graph_logits(model, data))
+
+
+def test_layerwise_inference_on_a_plain_data():
+    # Edges in no particular order and no CSC yet: built once, cached with the Data.
+    edge_index = torch.tensor([[0, 3, 1, 2, 4, 0], [1, 0, 4, 1, 2, 2]])
+    data = Data(x=torch.randn(5, 4), edge_index=edge_index)
+    model = GraphSAGE(4, 8, 2, 3)
+    out = layerwise_inference(model, data, batch_size=2)
+    torch.testing.assert_close(out, full_graph_logits(model, data))
+    assert csc_module.cached_csc(data) is not None
+
+
+def test_layerwise_inference_needs_an_inference_method():
+    data = load_dataset("synthetic", synthetic=SMALL)
+    with pytest.raises(TypeError, match="Logits has no inference"):
+        layerwise_inference(Logits(), data)
+
+
+def test_sampled_accuracy_with_every_neighbour_equals_full_graph_accuracy():
+    data = load_dataset("synthetic", synthetic=SMALL)
+    torch.manual_seed(0)
+    model = GraphSAGE(SMALL.num_features, 16, 2, SMALL.num_classes)
+    loader = NeighborLoader(data, num_neighbors=[-1, -1], input_nodes=data.test_mask,
+                            batch_size=64)
+    pred = full_graph_logits(model, data).argmax(-1)
+    expected = (pred == data.y)[data.test_mask].float().mean().item()
+    assert accuracy(model, loader) == pytest.approx(expected)

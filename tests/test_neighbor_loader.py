@@ -1,0 +1,332 @@
+"""pyg_mgpu.NeighborLoader / NeighborSampler against PyG's semantics, on unsorted edge lists.
+
+Features are ``arange`` and edge attributes a multiple of the edge id, so every gather can be
+checked exactly against the caller's ``Data``.
+"""
+import itertools
+import pickle
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from torch_geometric.data import Data, HeteroData
+
+from pyg_mgpu.data.csc import cached_csc
+from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+
+
+def random_graph(num_nodes=200, num_edges=2000, dtype=torch.long, seed=0):
+    """Distinct random edges in random (unsorted) order, with arange features/attributes."""
+    gen = torch.Generator().manual_seed(seed)
+    pairs = torch.randperm(num_nodes * num_nodes, generator=gen)[:num_edges]
+    edge_index = torch.stack([pairs // num_nodes, pairs % num_nodes]).to(dtype)
+    assert (edge_index[1, 1:] < edge_index[1, :-1]).any(), "must be unsorted"
+    return Data(x=torch.arange(num_nodes), edge_index=edge_index,
+                edge_attr=torch.arange(num_edges) * 10, num_nodes=num_nodes)
+
+
+def global_edges(batch):
+    """(source, destination) of each batch edge in the caller's node ids."""
+    return batch.n_id[batch.edge_index[0]], batch.n_id[batch.edge_index[1]]
+
+
+def check_names_callers_edges(data, batch):
+    src, dst = global_edges(batch)
+    ei = data.edge_index.long()
+    assert torch.equal(ei[0, batch.e_id], src) and torch.equal(ei[1, batch.e_id], dst)
+    assert torch.equal(batch.edge_attr, data.edge_attr[batch.e_id])
+    assert torch.equal(batch.x, data.x[batch.n_id])
+
+
+def in_degree(data):
+    return torch.bincount(data.edge_index[1].long(), minlength=data.num_nodes)
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+@pytest.mark.parametrize("options", [{}, {"replace": True}, {"disjoint": True},
+                                     {"subgraph_type": "induced"}])
+def test_batches_name_the_callers_nodes_and_edges(dtype, options):
+    data = random_graph(dtype=dtype)
+    loader = NeighborLoader(data, [4, 3], batch_size=32, seed=0, **options)
+    assert str(loader) == "NeighborLoader()"
+    assert len(loader) == 7
+    seen = []
+    for batch in loader:
+        check_names_callers_edges(data, batch)
+        assert batch.batch_size == batch.input_id.numel()
+        assert torch.equal(batch.n_id[:batch.batch_size], batch.input_id)  # seeds first
+        assert batch.edge_index.max() < batch.num_nodes
+        # As PyG's: indices keep the graph's integer type; edge ids are int64.
+        assert batch.edge_index.dtype == batch.n_id.dtype == dtype
+        assert batch.e_id.dtype == torch.long
+        assert (batch.batch is not None) == bool(options.get("disjoint"))
+        seen.append(batch.input_id)
+    assert torch.equal(torch.cat(seen), torch.arange(data.num_nodes))
+
+
+def test_per_hop_counts_and_fanouts():
+    data = random_graph()
+    deg = in_degree(data)
+    fanouts = [5, 3]
+    for batch in NeighborLoader(data, fanouts, batch_size=40, seed=1):
+        assert sum(batch.num_sampled_nodes) == batch.num_nodes
+        assert sum(batch.num_sampled_edges) == batch.num_edges
+        assert batch.n_id.unique().numel() == batch.num_nodes
+        node_start = edge_start = 0
+        for hop, k in enumerate(fanouts):
+            n_front, n_edges = batch.num_sampled_nodes[hop], batch.num_sampled_edges[hop]
+            col = batch.edge_index[1, edge_start:edge_start + n_edges]
+            assert ((col >= node_start) & (col < node_start + n_front)).all()
+            assert (col[1:] >= col[:-1]).all(), "edges grouped by destination, in node order"
+            frontier = batch.n_id[node_start:node_start + n_front]
+            counts = torch.bincount(col - node_start, minlength=n_front)
+            assert torch.equal(counts, deg[frontier].clamp(max=k))
+            e_id = batch.e_id[edge_start:edge_start + n_edges]
+            pairs = col * data.num_edges + e_id
+            assert pairs.unique().numel() == pairs.numel(), "an edge drawn twice for a node"
+            node_start += n_front
+            edge_start += n_edges
+
+
+def test_full_neighbourhood_is_every_in_edge_in_the_callers_order():
+    data = random_graph()
+    batch = NeighborLoader(data, [-1], batch_size=10, seed=0)([3, 1, 4])
+    ei = data.edge_index
+    expected = torch.cat([(ei[1] == v).nonzero().view(-1) for v in (3, 1, 4)])
+    assert torch.equal(batch.e_id, expected)  # by destination in seed order, then input order
+    check_names_callers_edges(data, batch)
+
+
+def test_bidirectional_is_the_sampled_edges_plus_their_reverses():
+    data = random_graph()
+    seeds = torch.arange(30)
+    directional = NeighborSampler(data, [4, 3], seed=5).sample(seeds)
+    both = NeighborSampler(data, [4, 3], subgraph_type="bidirectional", seed=5).sample(seeds)
+    assert torch.equal(directional.node, both.node)
+
+    def pairs(out):
+        return set(zip(out.node[out.row].tolist(), out.node[out.col].tolist()))
+    one_way = pairs(directional)
+    assert pairs(both) == one_way | {(d, s) for s, d in one_way}
+    assert both.num_sampled_nodes is None and both.num_sampled_edges is None  # as PyG
+
+
+def test_induced_is_every_edge_among_the_sampled_nodes():
+    data = random_graph()
+    for batch in NeighborLoader(data, [3, 2], batch_size=50, subgraph_type="induced", seed=2):
+        inside = torch.zeros(data.num_nodes, dtype=torch.bool)
+        inside[batch.n_id] = True
+        expected = (inside[data.edge_index[0]] & inside[data.edge_index[1]]).nonzero().view(-1)
+        assert torch.equal(batch.e_id.sort().values, expected)
+        check_names_callers_edges(data, batch)
+
+
+def test_disjoint_gives_every_seed_its_own_tree():
+    # Seeds 0 and 1 share in-neighbour 2; 2's in-neighbour is 3.
+    data = Data(edge_index=torch.tensor([[2, 2, 3], [0, 1, 2]]), num_nodes=4)
+    out = NeighborSampler(data, [-1, -1], disjoint=True).sample(torch.tensor([0, 1]))
+    assert out.node.tolist() == [0, 1, 2, 2, 3, 3]
+    assert out.batch.tolist() == [0, 1, 0, 1, 0, 1]
+    assert out.num_sampled_nodes == [2, 2, 2] and out.num_sampled_edges == [2, 2]
+    # Every edge stays inside its seed's tree.
+    assert torch.equal(out.batch[out.row], out.batch[out.col])
+    joint = NeighborSampler(data, [-1, -1]).sample(torch.tensor([0, 1]))
+    assert joint.node.tolist() == [0, 1, 2, 3]
+
+
+def test_a_repeated_seed_is_known_by_its_first_position():
+    # Edges 1->0, 2->0, 3->1, 0->2; seeds [0, 0, 1]: the edge 0->2 names seed 0 at position 0.
+    data = Data(edge_index=torch.tensor([[1, 2, 3, 0], [0, 0, 1, 2]]), num_nodes=4)
+    out = NeighborSampler(data, [-1, -1]).sample(torch.tensor([0, 0, 1]))
+    hop2 = slice(out.num_sampled_edges[0], None)
+    assert out.node[:3].tolist() == [0, 0, 1]
+    assert out.row[hop2].tolist() == [0]
+
+
+def test_disjoint_keeps_repeated_seeds_apart():
+    data = random_graph()
+    seeds = torch.tensor([7, 7, 9])
+    out = NeighborSampler(data, [3, 2], disjoint=True, seed=0).sample(seeds)
+    keys = out.batch * data.num_nodes + out.node
+    assert keys.unique().numel() == keys.numel(), "a (seed, node) pair appears twice"
+    assert out.node[:3].tolist() == [7, 7, 9] and out.batch[:3].tolist() == [0, 1, 2]
+    assert torch.equal(out.batch[out.row], out.batch[out.col])
+
+
+def star(num_leaves, num_centres=1):
+    """Centres 0..c-1 each have the same in-neighbours c..c+L-1, listed in reverse order."""
+    leaves = torch.arange(num_centres, num_centres + num_leaves).flip(0)
+    src = leaves.repeat(num_centres)
+    dst = torch.arange(num_centres).repeat_interleave(num_leaves)
+    return torch.stack([src, dst]), num_centres + num_leaves
+
+
+def test_uniform_without_replacement_on_an_unsorted_graph():
+    edge_index, n = star(8, num_centres=3000)
+    perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(0))
+    data = Data(edge_index=edge_index[:, perm], num_nodes=n)
+    out = NeighborSampler(data, [3], seed=0).sample(torch.arange(3000))
+    picked = out.node[out.row].view(3000, 3).sort(1).values - 3000
+    assert (picked[:, 1:] > picked[:, :-1]).all(), "a neighbour drawn twice"
+    assert chisquare(torch.bincount(picked.view(-1), minlength=8).numpy()).pvalue > 1e-3
+    index = {s: i for i, s in enumerate(itertools.combinations(range(8), 3))}
+    codes = torch.tensor([index[tuple(s)] for s in picked.tolist()])
+    assert chisquare(torch.bincount(codes, minlength=len(index)).numpy()).pvalue > 1e-3
+
+
+def test_replace_draws_fanout_times_uniformly():
+    edge_index, n = star(3, num_centres=2000)
+    data = Data(edge_index=edge_index, num_nodes=n)
+    out = NeighborSampler(data, [5], replace=True, seed=0).sample(torch.arange(2000))
+    assert out.num_sampled_edges == [2000 * 5]  # 5 draws even from 3 neighbours
+    picked = out.node[out.row] - 2000
+    assert chisquare(torch.bincount(picked, minlength=3).numpy()).pvalue > 1e-3
+    per_centre = picked.view(2000, 5).sort(1).values
+    assert (per_centre[:, 1:] == per_centre[:, :-1]).any(), "no repeats: not with replacement"
+
+
+WEIGHTS = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0])
+
+
+def weighted_star(num_centres):
+    edge_index, n = star(len(WEIGHTS), num_centres)
+    # Leaf c + i is listed at position L - 1 - i of each centre: weight it WEIGHTS[i].
+    weight = WEIGHTS.flip(0).repeat(num_centres)
+    perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(1))
+    data = Data(edge_index=edge_index[:, perm], weight=weight[perm], num_nodes=n)
+    return data, num_centres
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_weighted_single_draws_are_proportional_to_weight(replace):
+    data, c = weighted_star(4000)
+    out = NeighborSampler(data, [1], weight_attr="weight", replace=replace,
+                          seed=0).sample(torch.arange(c))
+    leaf = out.node[out.row] - c
+    counts = torch.bincount(leaf, minlength=len(WEIGHTS)).double()
+    assert counts[4] == 0, "a weight-0 edge was drawn"
+    expected = WEIGHTS[:4].double() / WEIGHTS.sum() * c
+    assert chisquare(counts[:4].numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_weighted_pairs_follow_successive_draws_without_replacement():
+    data, c = weighted_star(6000)
+    out = NeighborSampler(data, [2], weight_attr="weight", seed=0).sample(torch.arange(c))
+    pairs = (out.node[out.row] - c).view(c, 2).sort(1).values
+    assert (pairs[:, 0] != pairs[:, 1]).all()
+    w, total = WEIGHTS.double(), float(WEIGHTS.sum())
+    combos = list(itertools.combinations(range(4), 2))
+    # P({i, j}) = w_i / W * w_j / (W - w_i) + w_j / W * w_i / (W - w_j)
+    expected = torch.tensor([w[i] / total * w[j] / (total - w[i]) +
+                             w[j] / total * w[i] / (total - w[j]) for i, j in combos]) * c
+    index = {p: k for k, p in enumerate(combos)}
+    codes = torch.tensor([index[tuple(p)] for p in pairs.tolist()])
+    counts = torch.bincount(codes, minlength=len(combos)).double()
+    assert chisquare(counts.numpy(), expected.numpy() * counts.sum().item()
+                     / expected.sum().item()).pvalue > 1e-3
+
+
+def test_weighted_takes_zero_weights_only_to_fill():
+    data, c = weighted_star(10)
+    out = NeighborSampler(data, [5], weight_attr="weight", seed=0).sample(torch.arange(c))
+    assert out.num_sampled_edges == [50]  # degree 5 <= fanout: every edge, weight 0 included
+    out = NeighborSampler(data, [4], weight_attr="weight", seed=0).sample(torch.arange(c))
+    assert ((out.node[out.row] - c) != 4).all()
+
+
+def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():
+    data = random_graph()
+    a = NeighborLoader(data, [3], batch_size=8)
+    b = NeighborLoader(data, [5, 2], batch_size=16)
+    assert a.node_sampler.csc is b.node_sampler.csc is cached_csc(data)
+    clone = pickle.loads(pickle.dumps(data))  # as a spawned rank receives it
+    assert cached_csc(clone) is not None
+    assert NeighborLoader(clone, [3], batch_size=8).node_sampler.csc is cached_csc(clone)
+    batch = next(iter(a))
+    assert cached_csc(batch) is None, "batches must not carry the graph's CSC"
+    data.edge_index = data.edge_index.flip(0)  # a new edge list: the cache is stale
+    assert cached_csc(data) is None
+    check_names_callers_edges(data, next(iter(NeighborLoader(data, [3], batch_size=8))))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_distributed_sees_every_input_node_once_per_epoch(shuffle):
+    data = random_graph(num_nodes=103)
+    inputs = torch.arange(0, 103, 2)  # 52 input nodes over 3 ranks
+    loaders = [NeighborLoader(data, [2], input_nodes=inputs, batch_size=5, shuffle=shuffle,
+                              distributed=True, rank=r, world_size=3, seed=4)
+               for r in range(3)]
+    orders = []
+    for epoch in range(2):
+        for loader in loaders:
+            loader.set_epoch(epoch)
+        per_rank = [[b.n_id[:b.batch_size] for b in loader] for loader in loaders]
+        assert len({len(batches) for batches in per_rank}) == 1, "unequal step counts"
+        assert all(len(batches) == len(loader) for batches, loader in zip(per_rank, loaders))
+        seen = torch.cat([torch.cat(batches) for batches in per_rank])
+        assert torch.equal(seen.sort().values, inputs), "an input node missed or repeated"
+        assert all(b.numel() <= 5 for batches in per_rank for b in batches)
+        orders.append(seen)
+    assert torch.equal(orders[0], orders[1]) != shuffle
+
+
+def test_bad_input_says_what_to_do():
+    data = random_graph()
+    with pytest.raises(ValueError, match="drop_last"):
+        NeighborLoader(data, [2], batch_size=4, drop_last=True, distributed=True, rank=0,
+                       world_size=2)
+    with pytest.raises(ValueError, match="process group"):
+        NeighborLoader(data, [2], batch_size=4, distributed=True)
+    with pytest.raises(ValueError, match="torch_geometric.loader.NeighborLoader"):
+        NeighborLoader(HeteroData(), [2])
+    with pytest.raises(ValueError, match="temporal"):
+        NeighborLoader(data, [2], time_attr="x", input_time=torch.zeros(200))
+    with pytest.raises(ValueError, match="is_sorted"):
+        NeighborSampler(random_graph(seed=3), [2], is_sorted=True)
+    data.w = -torch.ones(data.num_edges)
+    with pytest.raises(ValueError, match=">= 0"):
+        NeighborSampler(data, [2], weight_attr="w")
+    with pytest.raises(ValueError, match="induced"):
+        NeighborSampler(data, [2], subgraph_type="induced", disjoint=True)
+
+
+def test_same_seed_same_batches():
+    data = random_graph()
+    runs = [[b.e_id for b in NeighborLoader(data, [3, 3], batch_size=50, seed=9)]
+            for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("options", [{}, {"weight_attr": "edge_attr"}, {"disjoint": True}])
+def test_samples_on_the_device_that_holds_the_graph(options):
+    data = random_graph(dtype=torch.int32)
+    data.edge_attr = data.edge_attr.float() + 1
+    cuda = data.clone().to("cuda")
+    for batch in NeighborLoader(cuda, [4, 3], batch_size=64, seed=0, **options):
+        assert batch.edge_index.is_cuda and batch.n_id.is_cuda and batch.e_id.is_cuda
+        check_names_callers_edges(cuda, batch)
+
+
+def test_backward_samples_out_neighbours():
+    data = random_graph()
+    out_degree = torch.bincount(data.edge_index[0], minlength=data.num_nodes)
+    loader = NeighborLoader(data, [4], batch_size=20, seed=0,
+                            neighbor_sampler=NeighborSampler(data, [4], seed=0,
+                                                             sample_direction="backward"))
+    for batch in loader:
+        check_names_callers_edges(data, batch)
+        src, _ = global_edges(batch)
+        seeds = batch.n_id[:batch.batch_size]
+        assert torch.equal(torch.bincount(src, minlength=data.num_nodes)[seeds],
+                           out_degree[seeds].clamp(max=4))
+
+
+def test_reassigned_num_neighbors_take_effect():
+    # PyG's BidirectionalNeighborSampler sets num_neighbors hop by hop on its inner samplers.
+    data = random_graph()
+    sampler = NeighborSampler(data, [5, 5], seed=0)
+    sampler.num_neighbors = [2]
+    assert len(sampler.sample(torch.arange(10)).num_sampled_edges) == 1

@@ -1,0 +1,79 @@
+"""pyg_mgpu's public launcher: ranks with their context, a graph shared once, failures, torchrun."""
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch_geometric.data import Data
+
+import pyg_mgpu.distributed.launch as launch
+from pyg_mgpu.data.csc import cached_csc
+from pyg_mgpu.distributed.launch import RankFailed, free_port, spawn
+
+import _spawn_ranks
+
+
+@pytest.mark.slow
+def test_every_rank_gets_its_context():
+    result = torch.full((2, 4), -1)  # not shared by the test: spawn shares plain tensors
+    spawn(_spawn_ranks.record_context, args=(result,), devices="cpu", nprocs=2)
+    assert result.tolist() == [[0, 2, 1, 1], [1, 2, 0, 1]]
+
+
+@pytest.mark.slow
+def test_a_data_argument_is_shared_with_its_csc_built_once():
+    # Edges not sorted by destination: the CSC has to be built (once, in the parent).
+    edge_index = torch.tensor([[0, 1, 2, 3, 0], [3, 2, 1, 0, 1]])
+    data = Data(x=torch.zeros(4, 2), y=torch.arange(4), edge_index=edge_index)
+    result = torch.zeros(2, 3, dtype=torch.bool)
+    spawn(_spawn_ranks.check_shared_data, args=(data, result), devices="cpu", nprocs=2)
+    assert result.all(), f"(shared tensors, CSC cached, CSC shared) per rank: {result.tolist()}"
+    assert cached_csc(data) is not None and cached_csc(data).is_shared()
+    assert data.x[:2, 0].tolist() == [100.0, 101.0], "a rank wrote into a private copy"
+
+
+@pytest.mark.slow
+def test_a_failed_rank_ends_the_job_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as err:
+        spawn(_spawn_ranks.raise_on_rank_one, devices="cpu", nprocs=2, timeout_s=120)
+    message = str(err.value)
+    assert "rank 1 failed" in message
+    assert "Traceback" in message and "_fail_deep_inside" in message
+    assert "ValueError: rank one gives up" in message
+    assert time.monotonic() - start < 60
+
+
+def test_under_torchrun_fn_runs_in_this_process(monkeypatch):
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    # Keep this test process's allocator and thread count as they are.
+    tuned, budgets = [], []
+    monkeypatch.setattr(launch, "tune_cpu_allocator", lambda: tuned.append(True))
+    monkeypatch.setattr(launch, "set_thread_budget", budgets.append)
+    seen = []
+
+    def fn(ctx, data):
+        seen.append((os.getpid(), ctx, data, dist.get_world_size()))
+
+    data = Data(x=torch.zeros(3, 1), edge_index=torch.tensor([[0, 1], [1, 2]]))
+    spawn(fn, args=(data,), devices="cpu", nprocs=4)  # nprocs: torchrun decides, ignored
+    [(pid, ctx, received, group_size)] = seen
+    assert pid == os.getpid() and received is data
+    assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.device) == (0, 1, True,
+                                                                    torch.device("cpu"))
+    assert group_size == 1 and not dist.is_initialized(), "the group was not torn down"
+    assert tuned == [True] and budgets == [1]
+
+
+def test_devices_that_cannot_be_had_fail_before_spawning():
+    with pytest.raises(ValueError, match="auto, cpu, cuda"):
+        spawn(_spawn_ranks.record_context, devices="tpu")
+    with pytest.raises(ValueError, match="at least 1 rank"):
+        spawn(_spawn_ranks.record_context, devices="cpu", nprocs=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA sees none"):
+            spawn(_spawn_ranks.record_context, devices="cuda")
