@@ -229,3 +229,8 @@ def test_end_to_end_with_stand_in_sides(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "  [dgl] done" in printed and "  [dgl] epoch 1" not in printed
     assert "seed 4:" in (out / "comparison.md").read_text()
+
+
+def test_the_dgl_side_scripts_are_where_the_tools_look():
+    # The tools live in pyg_mgpu/tools/; the DGL scripts in the checkout's benchmarks/.
+    assert compare_dgl.DGL_SCRIPT.is_file() and compare_dgl.DGL_ENV_SCRIPT.is_file()

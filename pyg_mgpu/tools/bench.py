@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.distributed.launch import resolve_devices
+from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 
 SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_model_native_sampler", "pyg_recipe", "dgl")
 SYSTEM_FLAGS = {
@@ -104,8 +105,7 @@ def _run_dgl(args, out: Path) -> dict:
     graph.save_npz(npz)
     train_nodes = graph.train_idx.numel()
     del graph
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "dgl_variant.py"
-    cmd = [python, str(script), "--npz", str(npz), "--nprocs", str(args.nprocs),
+    cmd = [python, str(DGL_SCRIPT), "--npz", str(npz), "--nprocs", str(args.nprocs),
            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
            "--fanout", args.fanout, "--hidden", str(args.hidden), "--seed", str(args.seed),
            "--devices", "cpu" if args.devices == "cpu" else "auto", "--out", str(out)]

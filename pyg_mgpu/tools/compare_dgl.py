@@ -33,7 +33,7 @@ from pyg_mgpu.distributed_sampling import build_parser as build_train_parser
 from pyg_mgpu.tools.report import RunError, load_metrics
 
 SIDES = ("pyg_mgpu", "dgl")
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # pyg_mgpu/tools/ -> the checkout
 DGL_SCRIPT = REPO_ROOT / "benchmarks" / "dgl_variant.py"
 DGL_ENV_SCRIPT = REPO_ROOT / "benchmarks" / "dgl_env.sh"
 # Absolute gap in test accuracy tolerated between the sides; docs/comparison.md shows the
