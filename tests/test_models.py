@@ -45,14 +45,20 @@ def test_trimmed_seed_outputs_and_gradients_equal_untrimmed(name, fanout):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_gcn_is_pygs_gcn_untrimmed():
-    # Our GCN only moves the normalization out of the layers: same parameters, same outputs.
+def test_gcn_is_pygs_gcn_untrimmed_and_layerwise():
+    # Our GCN only moves the normalization out of the layers: same parameters, same outputs,
+    # also through PyG's layer-wise inference (which calls the layers directly).
+    from pyg_mgpu.train.evaluation import layerwise_inference
     g, batch = sampled_batch([10, 5])
     torch.manual_seed(0)
     ours = build_model("gcn", 16, 32, g.num_classes, 2).eval()
     pyg = PyGGCN(16, 32, 2, g.num_classes).eval()
     pyg.load_state_dict(ours.state_dict())
     torch.testing.assert_close(ours(batch.x, batch.edge_index), pyg(batch.x, batch.edge_index))
+    data = g.to_data()
+    torch.testing.assert_close(layerwise_inference(ours, data, batch_size=500),
+                               layerwise_inference(pyg, data, batch_size=500))
+    assert not ours.convs[0].normalize  # left as forward needs it
 
 
 def test_build_model_knows_every_cli_model():
