@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "each), the output layer averages them (the example's has one head)")
     p.add_argument("--dropout", type=float, default=d.dropout)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help="Adam's L2 penalty (PyG's Cora examples use 5e-4)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--eval-on", choices=["rank0", "all"], default=d.eval_on)
     p.add_argument("--eval-every", type=int, default=d.eval_every)

@@ -53,7 +53,7 @@ def fail_on_rank_one(ctx):
 
 
 def disagree_on_steps(ctx):
-    from pyg_mgpu.train.trainer import check_equal_steps
+    from pyg_mgpu.train.loop import check_equal_steps
     check_equal_steps(5, ctx)  # equal: passes
     check_equal_steps(10 + ctx.rank, ctx)  # a sharding bug would look like this
 

@@ -234,3 +234,10 @@ def test_end_to_end_with_stand_in_sides(tmp_path, monkeypatch, capsys):
 def test_the_dgl_side_scripts_are_where_the_tools_look():
     # The tools live in pyg_mgpu/tools/; the DGL scripts in the checkout's benchmarks/.
     assert compare_dgl.DGL_SCRIPT.is_file() and compare_dgl.DGL_ENV_SCRIPT.is_file()
+
+
+def test_refuses_what_the_dgl_variant_cannot_train(tmp_path, capsys):
+    # The DGL side trains GraphSAGE with plain Adam; anything else would compare unlike recipes.
+    for extra in (["--model", "gat"], ["--weight-decay", "5e-4"]):
+        assert compare_dgl.main(["--out", str(tmp_path), *extra]) == 2
+        assert "DGL variant trains GraphSAGE" in capsys.readouterr().err

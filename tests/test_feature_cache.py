@@ -83,7 +83,7 @@ def test_graph_stays_on_the_host_for_pyg_sampler_or_too_little_gpu_memory(graph)
 
 
 def test_cpu_ranks_never_touch_cuda_on_a_gpu_machine(graph, monkeypatch):
-    from pyg_mgpu.train.trainer import _rng_state
+    from pyg_mgpu.train.checkpoint import rng_state
 
     def no_cuda(*args, **kwargs):
         raise AssertionError("a CPU rank opened CUDA")
@@ -93,4 +93,4 @@ def test_cpu_ranks_never_touch_cuda_on_a_gpu_machine(graph, monkeypatch):
     loader = make_loader(graph, graph.train_idx[:100], fanout=[2], sampler="native", seed=0,
                          batch_size=50, num_workers=1, device=CPU)
     assert not loader.pin_memory  # pinning would start CUDA in the pin thread
-    assert "cuda" not in _rng_state(loader, CPU)
+    assert "cuda" not in rng_state(loader.node_sampler, CPU)

@@ -115,14 +115,14 @@ def test_batches_without_hop_counts_run_untrimmed():
     # must still come out, from the untrimmed model, equal to the trimmed ones.
     from torch_geometric.data import Data
 
-    from pyg_mgpu.train.trainer import _forward
+    from pyg_mgpu.train.loop import seed_logits
     g, out, x, edge_index = small_batch()
     model = GraphSAGE(8, 16, g.num_classes, 2).eval()
     with_counts = Data(x=x, edge_index=edge_index, batch_size=32,
                        num_sampled_nodes=out.num_sampled_nodes,
                        num_sampled_edges=out.num_sampled_edges)
     without = Data(x=x, edge_index=edge_index, batch_size=32)
-    torch.testing.assert_close(_forward(model, without), _forward(model, with_counts),
+    torch.testing.assert_close(seed_logits(model, without), seed_logits(model, with_counts),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -130,12 +130,12 @@ def test_batches_without_hop_counts_run_untrimmed():
                     reason="PyG's sampler needs pyg-lib or torch-sparse (docs/benchmarks.md)")
 def test_pyg_sampler_batches_train_the_model():
     from pyg_mgpu.sampling.loader import make_loader
-    from pyg_mgpu.train.trainer import _forward
+    from pyg_mgpu.train.loop import seed_logits
     g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
     loader = make_loader(g, g.train_idx, fanout=[5, 5], sampler="pyg", seed=0, batch_size=64)
     model = GraphSAGE(8, 16, g.num_classes, 2)
     batch = next(iter(loader))
-    assert _forward(model, batch).shape == (64, g.num_classes)
+    assert seed_logits(model, batch).shape == (64, g.num_classes)
 
 
 def _bipartite_edges(num_src: int, num_dst: int, num_edges: int):

@@ -1,4 +1,9 @@
-"""Atomic writes: a crash mid-write never leaves a truncated file where a good one was."""
+"""Checkpoints for ``--resume``, written atomically: a crash mid-write never leaves a truncated
+file where a good one was.
+
+A checkpoint holds everything an exact continuation needs: weights, optimizer state, history,
+the best model so far, and every rank's random state (its dropout masks and samples).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 
 def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
@@ -60,13 +66,64 @@ def check_resumable(cfg, world_size: int) -> dict:
         raise ValueError(f"--resume {cfg.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
                          "written by pyg_mgpu, or the disk lost it.")
     saved = ckpt["config"]
+    defaults = type(cfg)()  # settings newer than the checkpoint: it was trained with defaults
     for key in cfg.RESUME_MUST_MATCH:
         now = list(getattr(cfg, key)) if key == "fanout" else getattr(cfg, key)
-        if saved.get(key) != now:
+        before = saved.get(key, getattr(defaults, key))
+        if before != now:
             raise ValueError(f"--resume {cfg.resume}: the checkpoint was trained with "
-                             f"{key}={saved.get(key)!r} but this run asks for {now!r}; use the "
+                             f"{key}={before!r} but this run asks for {now!r}; use the "
                              "same settings.")
     if ckpt["world_size"] != world_size:
         raise ValueError(f"--resume {cfg.resume}: the checkpoint has {ckpt['world_size']} "
                          f"ranks but this run starts {world_size}; resume with the same count.")
+    return ckpt
+
+
+def rng_state(sampler, device: torch.device) -> dict:
+    """This rank's random state: torch's (dropout), the sampler's, and its GPU's."""
+    state = {"torch": torch.get_rng_state()}
+    generator = getattr(sampler, "generator", None)
+    if generator is not None:  # our sampler (in this process; exact with 0 workers)
+        state["sampler"] = generator.get_state()
+    if device.type == "cuda":  # this rank's GPU only: the _all variants open every GPU
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, sampler, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if "sampler" in state:
+        sampler.generator.set_state(state["sampler"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, history: list, best: dict,
+                    best_state: dict, sampler) -> None:
+    """Everything ``--resume`` needs to continue exactly, written atomically by rank 0.
+
+    A collective: every rank's RNG state is gathered (each draws its own dropout masks and
+    samples).
+    """
+    states: list = [None] * ctx.world_size
+    dist.all_gather_object(states, rng_state(sampler, ctx.device))
+    if ctx.is_main:
+        save_torch({"epoch": epoch, "world_size": ctx.world_size, "config": cfg.to_dict(),
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "history": history, "best": best, "best_state": best_state,
+                    "rng": states}, out / CHECKPOINT)
+
+
+def restore_checkpoint(run_dir: str, ctx, model: torch.nn.Module,
+                       optimizer: torch.optim.Optimizer, sampler) -> dict:
+    """Loads ``run_dir``'s checkpoint into the model, optimizer and this rank's random state;
+    returns it (epoch, history, best, best_state)."""
+    # To host memory whatever device saved it: RNG states must be CPU tensors, and
+    # load_state_dict copies weights and optimizer state to the parameters' device.
+    ckpt = torch.load(Path(run_dir) / CHECKPOINT, weights_only=False, map_location="cpu")
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    set_rng_state(ckpt["rng"][ctx.rank], sampler, ctx.device)
     return ckpt

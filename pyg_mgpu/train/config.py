@@ -37,6 +37,7 @@ class TrainConfig:
     heads: int = 8  # GAT only: 8 as in PyG's examples/gat.py on Cora
     dropout: float = 0.5
     lr: float = 0.003
+    weight_decay: float = 0.0
     seed: int = 0
     eval_on: str = "rank0"
     eval_every: int = 1
@@ -83,6 +84,8 @@ class TrainConfig:
             raise ConfigError(f"--dropout must lie in [0, 1), got {self.dropout}.")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be positive, got {self.lr}.")
+        if not self.weight_decay >= 0:
+            raise ConfigError(f"--weight-decay must be >= 0, got {self.weight_decay}.")
         if self.eval_on not in EVAL_MODES:
             raise ConfigError(f"--eval-on must be one of {', '.join(EVAL_MODES)}, "
                               f"got {self.eval_on!r}.")
@@ -137,8 +140,8 @@ class TrainConfig:
 
     # Fields a resumed run must share with the checkpoint, or it would not continue the same run.
     RESUME_MUST_MATCH = ("dataset", "model", "heads", "fanout", "hidden", "batch_size", "seed",
-                         "recipe", "lr", "dropout", "num_nodes", "num_edges", "num_features",
-                         "num_classes")
+                         "recipe", "lr", "weight_decay", "dropout", "num_nodes", "num_edges",
+                         "num_features", "num_classes")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -16,7 +16,7 @@ with PyG's ``BasicGNN.inference`` (PyG's ``GraphSAGE``, ``GAT``, ``GIN``, ``GCN`
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -67,9 +67,14 @@ def global_ratio(numerator: Union[float, Tensor], denominator: Union[float, Tens
     return float(totals[0] / totals[1])
 
 
+def _seed_logits(model: torch.nn.Module, batch: Data) -> Tensor:
+    return model(batch.x, batch.edge_index)[:batch.batch_size]
+
+
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
-             device: Optional[torch.device] = None, sum_over_ranks: bool = True) -> float:
+             device: Optional[torch.device] = None, sum_over_ranks: bool = True,
+             forward: Callable[[torch.nn.Module, Data], Tensor] = _seed_logits) -> float:
     """Exact accuracy of ``model`` on the seed nodes of ``loader``'s batches, over all ranks.
 
     Each batch is a PyG mini-batch (e.g. from ``NeighborLoader``): its first ``batch_size``
@@ -85,6 +90,9 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
         device: Where to compute; default the model's device.
         sum_over_ranks: See :func:`global_ratio`: True for sharded evaluation (every rank
             calls), False when only this rank evaluates.
+        forward: ``forward(model, batch)`` -> the seed rows' logits; default
+            ``model(batch.x, batch.edge_index)[:batch.batch_size]`` (e.g. pass one that trims
+            layers with ``batch.num_sampled_nodes``, or runs under autocast).
 
     Returns:
         Correct predictions over evaluated seed nodes, summed over the ranks before dividing.
@@ -96,7 +104,7 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
         for batch in loader:
             batch = batch.to(device)
             seeds = batch.batch_size
-            logits = model(batch.x, batch.edge_index)[:seeds]
+            logits = forward(model, batch)
             # Summed on the device: one host read at the end, not one per batch.
             correct += (logits.argmax(dim=-1) == batch.y[:seeds]).sum()
             total += seeds

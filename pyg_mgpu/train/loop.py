@@ -1,0 +1,159 @@
+"""One epoch of DDP training on this rank's shard: the loop, its per-stage clock, and the
+forward pass on a sampled batch.
+
+The loss and accuracy are reduced as sums and counts over ranks (torchmetrics states: weighted
+loss sum/weight, correct/total), never as averages of per-rank ratios.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from tqdm import tqdm
+
+from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
+from pyg_mgpu.distributed.launch import RankContext
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.sampling.prefetch import Prefetcher
+from pyg_mgpu.train.config import TrainConfig
+
+
+@dataclass
+class StageTimer:
+    """Seconds spent per training stage, for ``--profile`` and metrics.json.
+
+    Stages: ``sample`` (the sampler, when it runs in this thread), ``gather`` (features, labels
+    and batch assembly; ``load`` instead when DataLoader workers, the prefetch thread or PyG's
+    sampler do the sampling, and only the wait for the batch is seen here), ``forward``,
+    ``backward`` (gradient computation), ``allreduce`` (CPU ranks: the wait for the gradient
+    all-reduce that is left after the next batch has loaded, the wait for the slowest rank
+    included; on GPUs it stays inside ``backward``) and ``optimizer``.
+    """
+
+    device: torch.device
+    sync: bool = False
+    seconds: dict = field(default_factory=lambda: defaultdict(float))
+    _last: float = 0.0
+    _nested: float = 0.0  # seconds of stages timed elsewhere since the last lap
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+        self._nested = 0.0
+
+    def add(self, stage: str, seconds: float) -> None:
+        """A stage timed inside the current lap (sampling); the lap excludes it."""
+        self.seconds[stage] += seconds
+        self._nested += seconds
+
+    def lap(self, stage: str) -> None:
+        if self.sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[stage] += now - self._last - self._nested
+        self._last, self._nested = now, 0.0
+
+
+def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
+             amp: bool = False) -> torch.Tensor:
+    """Seed logits (float32) of a sampled batch.
+
+    Trimming needs the per-hop counts; PyG's sampler gives them only with pyg-lib (not with
+    torch-sparse), and without them every layer runs on every node, which is slower but exact.
+    """
+    trim = trim and getattr(batch, "num_sampled_nodes", None) is not None
+    with torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=amp):
+        if trim:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
+            out = model(batch.x, batch.edge_index,
+                        num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                        num_sampled_edges_per_hop=batch.num_sampled_edges)
+        else:  # PyG's recipe: every layer on every sampled node
+            out = model(batch.x, batch.edge_index)
+    return out[:batch.batch_size].float()
+
+
+def check_equal_steps(steps: int, ctx: RankContext) -> None:
+    """Fails on every rank if the ranks are about to run different numbers of steps.
+
+    A rank with fewer steps would leave the others waiting in DDP's all-reduce. The sharding
+    makes the counts equal (tested); this one collective per epoch turns a bug there into an
+    error instead of a hang. (``Join``, the per-step alternative, cost ~5% of a CPU step.)
+    """
+    counts = torch.tensor([steps, -steps], device=ctx.device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, fewest = int(counts[0]), -int(counts[1])
+    if most != fewest:
+        raise RuntimeError(f"ranks would run between {fewest} and {most} training steps this "
+                           f"epoch (this rank: {steps}); every rank must run the same number.")
+
+
+def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
+                ctx: RankContext, num_classes: int, timer: StageTimer, epoch: int,
+                cfg: TrainConfig, grad_sync: Optional[DeferredAllReduce] = None
+                ) -> tuple[float, float]:
+    """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks.
+
+    Each step loads the next batch after ``backward()``: with ``grad_sync`` (CPU ranks) the
+    gradient all-reduce is still running then, and the optimizer step waits for it after.
+    """
+    ddp.train()
+    loss_sum = MeanMetric(sync_on_compute=True).to(ctx.device)
+    accuracy = MulticlassAccuracy(num_classes, average="micro",
+                                  sync_on_compute=True).to(ctx.device)
+    check_equal_steps(len(loader), ctx)
+    depth = cfg.prefetch
+    if depth is None:
+        # PyG's sampler takes no generator of its own; in a background thread its draws would
+        # interleave with dropout's from process-wide random state, differently every run.
+        depth = int(ctx.device.type == "cuda" and isinstance(loader.node_sampler,
+                                                             NeighborSampler))
+    prefetcher = Prefetcher(loader, ctx.device, depth) if depth else None
+    batches = iter(tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
+                        disable=not ctx.is_main, leave=False, dynamic_ncols=True))
+    # The sampler's own clock splits loading into sampling and gathering when it runs in this
+    # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
+    sampler = loader.node_sampler if loader.num_workers == 0 and not prefetcher else None
+    sampler_busy = getattr(sampler, "busy_s", None)
+
+    def load_next():
+        nonlocal sampler_busy
+        batch = next(batches, None)
+        if batch is not None and prefetcher is None:  # the prefetcher moved it already
+            batch = batch.to(ctx.device, non_blocking=True)
+        if sampler_busy is not None:
+            timer.add("sample", sampler.busy_s - sampler_busy)
+            sampler_busy = sampler.busy_s
+        timer.lap("gather" if sampler_busy is not None else "load")
+        return batch
+
+    try:
+        timer.start()
+        batch = load_next()
+        while batch is not None:
+            y = batch.y[:batch.batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            out = seed_logits(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
+            loss = F.cross_entropy(out, y)
+            timer.lap("forward")
+            loss.backward()
+            timer.lap("backward")
+            next_batch = load_next()  # while the gradient all-reduce runs (grad_sync)
+            if grad_sync is not None:
+                grad_sync.wait()
+                timer.lap("allreduce")
+            optimizer.step()
+            loss_sum.update(loss.detach(), weight=y.numel())
+            accuracy.update(out.detach(), y)
+            timer.lap("optimizer")
+            batch = next_batch
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
+    return float(loss_sum.compute()), float(accuracy.compute())
