@@ -145,8 +145,9 @@ def _weighted_without_replacement(weight: Tensor, start: Tensor, deg: Tensor, k:
         pos = (b_start.unsqueeze(1) + offset).clamp_(max=weight.numel() - 1)
         w = weight.index_select(0, pos.view(-1)).view(pos.shape)
         # float32 keys: half the bytes of float64, and ties stay negligible.
-        key = torch.empty(pos.shape, device=deg.device).exponential_(generator=generator)
-        key.div_(w)
+        # Exp(1) / w, with Exp(1) as -log(1 - U): exponential_ took ~6x as long on CPU here.
+        u = torch.rand(pos.shape, device=deg.device, generator=generator)
+        key = torch.log1p(u.neg_()).neg_().div_(w)
         # Weight-0 edges only fill a node with fewer than k positive weights; padding never.
         key.clamp_(max=torch.finfo(key.dtype).max).masked_fill_(pad, float("inf"))
         picked = torch.topk(key, k, dim=1, largest=False, sorted=False).indices
