@@ -235,10 +235,17 @@ class NeighborSampler(PyGNeighborSampler):
 
     def _induced_edges(self, node: Tensor, lookup: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Every edge among ``node``: by destination in node order, then in CSC order."""
-        local_dst, edge = hop_edges(self.colptr, node, -1)
-        src_local = lookup.index_select(0, self.row.index_select(0, edge).long())
-        keep = src_local != _unseen(lookup.dtype)
-        return src_local[keep], local_dst[keep], edge[keep]
+        start = self.colptr.index_select(0, node)
+        deg = self.colptr[1:].index_select(0, node).sub_(start)
+        end = torch.cumsum(deg, 0)
+        # Every in-edge of every sampled node: its CSC position (a run per node).
+        edge = torch.repeat_interleave(start - (end - deg), deg)
+        edge.add_(torch.arange(edge.numel(), device=node.device))
+        src_local = lookup.index_select(0, self.row.index_select(0, edge))
+        kept = (src_local != _unseen(lookup.dtype)).nonzero().squeeze(1)
+        # Destinations of the kept edges only, by binary search in the runs' ends.
+        dst_local = torch.searchsorted(end, kept, right=True)
+        return src_local.index_select(0, kept), dst_local, edge.index_select(0, kept)
 
     def _sample_disjoint(self, seed: Tensor) -> SamplerOutput:
         """A separate tree per seed: a node reached from two seeds appears twice.
