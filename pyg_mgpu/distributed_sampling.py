@@ -36,7 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic, cora, citeseer, pubmed, reddit, ogbn-arxiv, ogbn-products, "
                         "ogbn-papers100M, or a path to a .npz graph")
     p.add_argument("--root", default=d.root, help="folder the dataset lives in")
-    p.add_argument("--devices", default=d.devices, help="auto, cpu, cuda or cuda:0,1,...")
+    p.add_argument("--devices", default=d.devices,
+                   help="auto, cpu, cuda or cuda:0,1,... (cuda:0,0: two ranks on GPU 0, with "
+                        "--backend gloo)")
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default=d.backend,
+                   help="process-group backend: auto = NCCL on GPU ranks, gloo on CPU ranks; "
+                        "gloo on GPUs lets several ranks share one GPU (NCCL refuses that), "
+                        "for testing multi-rank logic on one GPU")
     p.add_argument("--nprocs", type=int, default=d.nprocs,
                    help="number of ranks (CPU ranks default to 2)")
     p.add_argument("--epochs", type=int, default=d.epochs)
@@ -128,7 +134,7 @@ def run(cfg: TrainConfig) -> Path:
     resolve_sampler(cfg.sampler)
     out = make_out_dir(cfg.out or cfg.resume)
     torchrun = launched_by_torchrun()
-    devices = None if torchrun else resolve_devices(cfg.devices, cfg.nprocs)
+    devices = None if torchrun else resolve_devices(cfg.devices, cfg.nprocs, cfg.backend)
     if cfg.resume:
         check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
     if torchrun:
@@ -147,7 +153,8 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.train.trainer import run_training
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
     launch_local(run_training, devices, args=(graph, cfg, str(out), {"load_time_s": load_s}),
-                 timeout_s=cfg.timeout_s, tune_allocator=cfg.recipe == "pyg_mgpu")
+                 timeout_s=cfg.timeout_s, tune_allocator=cfg.recipe == "pyg_mgpu",
+                 backend=cfg.backend)
     from pyg_mgpu.tools.report import plot_run
     plot_run(out)
     return out

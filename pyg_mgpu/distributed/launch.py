@@ -36,6 +36,10 @@ from pyg_mgpu.data.csc import share_data
 DEFAULT_TIMEOUT_S = 300.0
 """How long a collective waits for a peer before the process group gives up."""
 
+BACKENDS = ("auto", "nccl", "gloo")
+"""``auto``: NCCL on GPU ranks, gloo on CPU ranks. ``gloo`` on GPU ranks lets several ranks
+share one GPU (NCCL refuses two ranks on one device): for testing multi-rank logic on one GPU."""
+
 
 class RankFailed(RuntimeError):
     """A rank died; the message names the rank and carries its traceback or signal."""
@@ -55,6 +59,28 @@ class RankContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def collective_device(self) -> torch.device:
+        """Where this rank's small collectives (counts, flags, scalars) put their tensors.
+
+        NCCL reduces CUDA tensors only; gloo reduces host tensors everywhere but only a few
+        collectives on CUDA tensors, so with gloo they stay on the host even on a GPU rank.
+        """
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The process-group backend for a rank on ``device``: ``auto`` = NCCL on GPUs, else gloo."""
+    choice = (backend or "auto").strip().lower()
+    if choice not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    if choice == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if choice == "nccl" and device.type != "cuda":
+        raise ValueError("--backend nccl needs GPU ranks (--devices cuda...); CPU ranks use "
+                         "gloo (--backend auto or gloo).")
+    return choice
+
 
 def free_port() -> int:
     """A TCP port that was free a moment ago (the OS picks it; never hard-coded)."""
@@ -67,18 +93,24 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def resolve_devices(devices: str, nprocs: int | None) -> list[torch.device]:
+def resolve_devices(devices: str, nprocs: int | None,
+                    backend: str = "auto") -> list[torch.device]:
     """Turns ``--devices``/``--nprocs`` into one device per rank.
 
     ``auto``: every visible GPU, or ``nprocs`` (default 2) CPU ranks without CUDA.
     ``cpu``: ``nprocs`` CPU ranks (default 2). ``cuda`` or ``cuda:0,1``: those GPUs.
+    A GPU listed twice (``cuda:0,0``: two ranks sharing GPU 0) needs ``backend="gloo"``.
     """
+    if (backend or "auto").strip().lower() not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    gloo = (backend or "auto").strip().lower() == "gloo"
     spec = devices.strip().lower()
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if nprocs is not None and nprocs < 1:
         raise ValueError(f"--nprocs {nprocs}: a job needs at least 1 rank.")
     if spec == "cpu":
+        resolve_backend(backend, torch.device("cpu"))  # --backend nccl: say why not
         return [torch.device("cpu")] * (nprocs or 2)
     if not spec.startswith("cuda"):
         raise ValueError(f"--devices must be auto, cpu, cuda or cuda:0,1,...; got {devices!r}.")
@@ -93,8 +125,10 @@ def resolve_devices(devices: str, nprocs: int | None) -> list[torch.device]:
             ids = [int(part) for part in spec.split(":", 1)[1].split(",")]
         except ValueError:
             raise ValueError(f"--devices {devices!r}: expected cuda:0,1,... with integer ids.")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"--devices {devices} lists a GPU twice.")
+    if len(set(ids)) != len(ids) and not gloo:
+        raise ValueError(f"--devices {devices} lists a GPU twice: NCCL refuses two ranks on "
+                         "one GPU; add --backend gloo to share a GPU between ranks (for "
+                         "testing multi-rank logic on one GPU).")
     if max(ids) >= available or min(ids) < 0:
         raise ValueError(f"--devices {devices} asks for GPU {max(ids)} but only {available} "
                          f"GPU(s) are visible (ids 0..{available - 1}).")
@@ -106,9 +140,13 @@ def resolve_devices(devices: str, nprocs: int | None) -> list[torch.device]:
 
 @contextlib.contextmanager
 def process_group(rank: int, world_size: int, device: torch.device, *, init_method: str,
-                  timeout_s: float, local_rank: int | None = None) -> Iterator[RankContext]:
-    """Joins the process group for the body and always leaves it, on success and on error."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
+                  timeout_s: float, local_rank: int | None = None,
+                  backend: str = "auto") -> Iterator[RankContext]:
+    """Joins the process group for the body and always leaves it, on success and on error.
+
+    ``backend``: ``auto`` (NCCL on a GPU, gloo on the CPU), ``nccl`` or ``gloo``.
+    """
+    backend = resolve_backend(backend, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
@@ -123,7 +161,8 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
 
 @contextlib.contextmanager
 def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                           tune_allocator: bool = True) -> Iterator[RankContext]:
+                           tune_allocator: bool = True,
+                           backend: str = "auto") -> Iterator[RankContext]:
     """Joins the ``torchrun`` job as the rank its environment names, for the body.
 
     The rank runs on GPU ``LOCAL_RANK`` when CUDA is available and ``devices`` is not ``cpu``,
@@ -138,7 +177,8 @@ def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_
         tune_cpu_allocator()
     set_thread_budget(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     with process_group(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device,
-                       init_method="env://", timeout_s=timeout_s, local_rank=local_rank) as ctx:
+                       init_method="env://", timeout_s=timeout_s, local_rank=local_rank,
+                       backend=backend) as ctx:
         yield ctx
 
 
@@ -195,12 +235,13 @@ def _glibc_function(name: str) -> Callable | None:
 
 
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
-                timeout_s: float, report_dir: str, tune_allocator: bool, args: tuple) -> None:
+                timeout_s: float, report_dir: str, tune_allocator: bool, args: tuple,
+                backend: str = "auto") -> None:
     if tune_allocator:
         tune_cpu_allocator()
     set_thread_budget(len(devices))
     with process_group(rank, len(devices), devices[rank], init_method=init_method,
-                       timeout_s=timeout_s) as ctx:
+                       timeout_s=timeout_s, backend=backend) as ctx:
         try:
             fn(ctx, *args)
         except BaseException:
@@ -227,14 +268,17 @@ def _failure_reports(report_dir: str) -> dict[int, tuple[float, str]]:
 
 
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
-                 timeout_s: float = DEFAULT_TIMEOUT_S, tune_allocator: bool = True) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, tune_allocator: bool = True,
+                 backend: str = "auto") -> None:
     """Runs ``fn(ctx, *args)`` on one spawned process per device and waits for all of them.
 
     Tensors in ``args`` that live in shared memory are mapped, not copied, by every rank.
     If any rank fails, the others are terminated and :class:`RankFailed` names it.
     ``tune_allocator=False`` leaves the ranks' memory allocator as a plain script has it (for
-    baselines: see :func:`tune_cpu_allocator`).
+    baselines: see :func:`tune_cpu_allocator`). ``backend``: see :data:`BACKENDS`.
     """
+    for device in devices:  # a bad backend fails here, not in every rank
+        resolve_backend(backend, device)
     init_method = f"tcp://127.0.0.1:{free_port()}"
     # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
     report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")
@@ -245,7 +289,7 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
         mp.start_processes(_rank_entry, args=(fn, list(devices), init_method, timeout_s,
-                                              report_dir, tune_allocator, args),
+                                              report_dir, tune_allocator, args, backend),
                            nprocs=len(devices), join=True, start_method="spawn")
     except mp.ProcessExitedException as e:
         reports = _failure_reports(report_dir)
@@ -280,7 +324,8 @@ def share_args(args: Sequence) -> None:
 
 
 def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
-          nprocs: int | None = None, timeout_s: float | None = None) -> None:
+          nprocs: int | None = None, timeout_s: float | None = None,
+          backend: str = "auto") -> None:
     """Runs ``fn(ctx, *args)`` on one rank per device, in a process group, and waits for them.
 
     ``ctx`` is a :class:`RankContext`: ``rank``, ``world_size``, ``device`` (already the
@@ -313,6 +358,10 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
             takes.
         timeout_s: Seconds a collective may wait for a peer before it fails; default
             :data:`DEFAULT_TIMEOUT_S`.
+        backend: ``"auto"`` (NCCL on GPUs, gloo on CPUs), ``"nccl"`` or ``"gloo"``; with
+            ``"gloo"`` a GPU may be listed more than once (``devices="cuda:0,0"``: two ranks
+            sharing GPU 0). ``ctx.backend`` tells ``fn`` which one runs; NCCL collectives
+            take CUDA tensors, gloo's host tensors (``ctx.collective_device``).
 
     Raises:
         RankFailed: when a rank raises or dies; the other ranks are terminated at once and
@@ -321,9 +370,9 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
     """
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     if launched_by_torchrun():
-        with torchrun_process_group(devices, timeout_s=timeout_s) as ctx:
+        with torchrun_process_group(devices, timeout_s=timeout_s, backend=backend) as ctx:
             fn(ctx, *args)
         return
-    rank_devices = resolve_devices(devices, nprocs)
+    rank_devices = resolve_devices(devices, nprocs, backend)
     share_args(args)
-    launch_local(fn, rank_devices, args=tuple(args), timeout_s=timeout_s)
+    launch_local(fn, rank_devices, args=tuple(args), timeout_s=timeout_s, backend=backend)

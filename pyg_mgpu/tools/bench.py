@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler-only", action="store_true",
                    help="measure sampled edges/s instead of training")
     p.add_argument("--batches", type=int, default=30, help="batches per sampler measurement")
+    p.add_argument("--sampler-device", choices=["cpu", "cuda"], default="cpu",
+                   help="--sampler-only: where the graph and seeds live and sampling runs; cuda "
+                        "times with torch.cuda.synchronize and skips the worker and PyG lines")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for bench.json and each system's run")
     return p
@@ -164,12 +167,16 @@ def add_ratios(results: dict) -> None:
                 r[f"epoch_time_vs_{reference}"] = r["epoch_time_s"] / base
 
 
-def _sampled_edges_per_s(make_batches, batches: int) -> float:
+def _sampled_edges_per_s(make_batches, batches: int, sync=None) -> float:
+    """``sync`` (e.g. ``torch.cuda.synchronize``) runs before each clock read."""
+    sync = sync or (lambda: None)
     iterator = iter(make_batches())
     next(iterator)  # warm-up: lazy buffers, worker start
+    sync()
     edges, start = 0, time.perf_counter()
     for _, batch in zip(range(batches), iterator):
         edges += batch
+    sync()
     return edges / (time.perf_counter() - start)
 
 
@@ -197,16 +204,24 @@ def run_sampler_bench(args) -> dict:
     from pyg_mgpu.sampling.loader import make_loader, pyg_sampler_available
     from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
+    device = torch.device(getattr(args, "sampler_device", "cpu"))
+    on_gpu = device.type == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        raise SystemExit("error: --sampler-device cuda needs a GPU that CUDA can see.")
+    sync = torch.cuda.synchronize if on_gpu else None
     torch.set_num_threads(1)
     fanout = [int(k) for k in args.fanout.split(",")]
     graph = _synthetic_graph(args, num_features=1)  # features play no part in sampling
     seeds = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(0))
     needed = (args.batches + 1) * args.batch_size
     seeds = seeds[:needed] if needed <= seeds.numel() else seeds
-    results: dict = {"graph": graph.summary(), "fanout": fanout, "batch_size": args.batch_size}
+    results: dict = {"graph": graph.summary(), "fanout": fanout, "batch_size": args.batch_size,
+                     "device": str(device)}
     # A PyG user's graph: an edge list with an edge attribute, converted to CSC once.
     data = Data(edge_index=graph.edge_index(), num_nodes=graph.num_nodes,
                 weight=torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(0)))
+    if on_gpu:  # graph, weights and seeds on the GPU: the samplers run there
+        data, seeds = data.to(device), seeds.to(device)
 
     for mode, options in SAMPLER_MODES.items():
         sampler = NeighborSampler(data, fanout, seed=0, **options)
@@ -214,11 +229,22 @@ def run_sampler_bench(args) -> dict:
         def direct(sampler=sampler):
             for batch in seeds.split(args.batch_size):
                 yield sampler.sample(batch).row.numel()
-        results[f"{mode}_1_thread"] = _sampled_edges_per_s(direct, args.batches)
+        results[f"{mode}_1_thread"] = _sampled_edges_per_s(direct, args.batches, sync)
     for mode in SAMPLER_MODES:
         results[f"{mode}_vs_directional"] = (results[f"{mode}_1_thread"]
                                              / results["directional_1_thread"])
 
+    if on_gpu:  # keys keep their CPU names ("_1_thread"); "device" says where they ran
+        def ours_on_gpu():
+            from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+            loader = NeighborLoader(data, fanout, input_nodes=seeds, batch_size=args.batch_size,
+                                    seed=0)
+            for batch in loader:
+                yield batch.edge_index.size(1)
+        results["directional_pyg_mgpu_loader_1_thread"] = _sampled_edges_per_s(
+            ours_on_gpu, args.batches, sync)
+        results["pyg_loader_1_thread"] = "skipped: PyG's sampler runs on the CPU"
+        return results
     for workers in sorted({0, 1, usable_cores()}):
         def via_loader(workers=workers):
             loader = make_loader(graph, seeds, fanout=fanout, sampler="native", seed=0,

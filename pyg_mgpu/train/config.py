@@ -13,6 +13,8 @@ EVAL_MODES = ("rank0", "all")
 SAMPLERS = ("auto", "native", "pyg")
 INFERENCE_MODES = ("sampled", "layerwise")
 AMP_MODES = ("none", "bf16")
+# auto: NCCL on GPU ranks, gloo on CPU ranks; gloo on GPUs lets ranks share one GPU.
+BACKENDS = ("auto", "nccl", "gloo")
 # "pyg_mgpu": trimmed layers, embedding-bag mean aggregation, fused ReLU/byte dropout. "pyg":
 # PyG's multi-GPU example as written (every layer on every sampled node, gather/scatter
 # messages, torch dropout), kept as the benchmark baseline.
@@ -29,6 +31,7 @@ class TrainConfig:
     root: Optional[str] = None
     devices: str = "auto"
     nprocs: Optional[int] = None
+    backend: str = "auto"
     epochs: int = 10
     batch_size: int = 1024
     fanout: tuple[int, ...] = (25, 10)
@@ -97,6 +100,12 @@ class TrainConfig:
         if self.inference not in INFERENCE_MODES:
             raise ConfigError(f"--inference must be one of {', '.join(INFERENCE_MODES)}, "
                               f"got {self.inference!r}.")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, "
+                              f"got {self.backend!r}.")
+        if self.backend == "nccl" and self.devices.strip().lower() == "cpu":
+            raise ConfigError("--backend nccl needs GPU ranks (--devices cuda...); CPU ranks "
+                              "use gloo (--backend auto or gloo).")
         if self.graph_on not in ("auto", "cpu", "gpu"):
             raise ConfigError(f"--graph-on must be auto, cpu or gpu, got {self.graph_on!r}.")
         if self.graph_on == "gpu" and self.sampler == "pyg":

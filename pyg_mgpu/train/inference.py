@@ -48,6 +48,18 @@ def gathered_rows(nodes: Tensor, num_nodes: int, world_size: int) -> Tensor:
                        nodes + torch.div(nodes - full_end, max(base, 1), rounding_mode="floor"))
 
 
+def _gather_layer(out: Tensor, first_row: int, slice_rows: int) -> None:
+    """Fills ``out`` with every rank's slice; this rank's own is ``out[first_row:...]``."""
+    if out.is_cuda and dist.get_backend() != "nccl":
+        # gloo gathers host tensors only (ranks sharing one GPU run gloo): stage on the host.
+        host = out.cpu()
+        _all_gather_single(host, host[first_row:first_row + slice_rows])
+        out.copy_(host)
+        return
+    # In place: the input is this rank's own slice of the output (NCCL and gloo allow it).
+    _all_gather_single(out, out[first_row:first_row + slice_rows])
+
+
 @torch.no_grad()
 def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_size: int,
                      batch_size: int, device: torch.device) -> Tensor:
@@ -121,8 +133,7 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
                 y = F.relu(y)
             out[out_row:out_row + b1 - b0] = y
         if world_size > 1:
-            # In place: the input is this rank's own slice of the output (NCCL and gloo allow it).
-            _all_gather_single(out, out[first_row:first_row + slice_rows])
+            _gather_layer(out, first_row, slice_rows)
         h, padded = out, True
     if num_nodes % world_size == 0:  # no padding rows: the gathered layer is the answer
         return h

@@ -86,7 +86,7 @@ def check_equal_steps(steps: int, ctx: RankContext) -> None:
     makes the counts equal (tested); this one collective per epoch turns a bug there into an
     error instead of a hang. (``Join``, the per-step alternative, cost ~5% of a CPU step.)
     """
-    counts = torch.tensor([steps, -steps], device=ctx.device)
+    counts = torch.tensor([steps, -steps], device=ctx.collective_device)
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     most, fewest = int(counts[0]), -int(counts[1])
     if most != fewest:

@@ -21,7 +21,8 @@ def peak_mem_mb(ctx) -> float:
     A collective: every rank must call it.
     """
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    total = torch.tensor([kb / 1024.0], dtype=torch.float64, device=ctx.device)
+    total = torch.tensor([kb / 1024.0], dtype=torch.float64,
+                         device=ctx.collective_device)
     dist.all_reduce(total)
     return float(total[0])
 

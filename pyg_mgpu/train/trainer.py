@@ -99,7 +99,7 @@ class Evaluator:
                                  forward=partial(seed_logits, amp=self.cfg.amp == "bf16"))
         if not self.sharded:
             # Others wait at the broadcast (the recipe's barrier) while rank 0 evaluates.
-            result = result.to(self.ctx.device)
+            result = result.to(self.ctx.collective_device)
             dist.broadcast(result, src=0)
         return float(result[0])
 
@@ -140,7 +140,8 @@ def _least_free_gpu_bytes(ctx: RankContext) -> Optional[int]:
     """
     if ctx.device.type != "cuda":
         return None
-    free = torch.tensor([torch.cuda.mem_get_info(ctx.device)[0]], device=ctx.device)
+    free = torch.tensor([torch.cuda.mem_get_info(ctx.device)[0]],
+                        device=ctx.collective_device)
     dist.all_reduce(free, op=dist.ReduceOp.MIN)
     return int(free[0])
 

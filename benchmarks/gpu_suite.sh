@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Issue 15's GPU suite: everything to measure on a lent GPU, in two commands.
+#
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT quick   # ~12 min: versions, pytest -m gpu,
+#                                                          # GPU sampler 1M/2.4M, 8 CLI variants,
+#                                                          # 2 gloo ranks on one GPU
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full    # ~12 min: products-scale training bench
+#                                                          # with nvidia-smi sampling
+#   bash benchmarks/gpu_suite.sh OUT all                  # both (~25 min: over one 10-min call)
+#   DRY_RUN=1 bash benchmarks/gpu_suite.sh OUT quick      # print the commands, run nothing
+#
+# Each step runs under `timeout`, logs to OUT/<step>.log, and the suite goes on after a
+# failure. OUT/summary.md gets one row per step (exit code, seconds, key numbers from its
+# metrics.json / bench.json); it is rewritten after every step, so a cut-off run keeps what ran.
+# Overrides: SUITE_DEVICES (default cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default
+# 200000/4000000), SUITE_EPOCHS (default 3), SUITE_GLOO_DEVICES (default cuda:0,0),
+# PYTHON (default python).
+set -u
+OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [quick|full|all]}
+PART=${2:-all}
+case "$PART" in quick|full|all) ;; *) echo "part must be quick, full or all" >&2; exit 2;; esac
+PY=${PYTHON:-python}
+DEV=${SUITE_DEVICES:-cuda:0}
+NODES=${SUITE_NODES:-200000}
+EDGES=${SUITE_EDGES:-4000000}
+EPOCHS=${SUITE_EPOCHS:-3}
+DRY=${DRY_RUN:-0}
+cd "$(dirname "$0")/.."
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+STEPS="$OUT/steps.tsv"
+[ -f "$STEPS" ] || : > "$STEPS"
+
+summarize() {  # OUT/summary.md from steps.tsv and each step's metrics.json / bench.json
+  "$PY" - "$OUT" <<'PYEOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+rows = ["| step | exit | seconds | key numbers |", "|---|---|---|---|"]
+def fmt(v):
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+for line in (out / "steps.tsv").read_text().splitlines():
+    step, rc, secs = line.split("\t")
+    keys = []
+    m = out / step / "metrics.json"
+    if m.is_file():
+        d = json.loads(m.read_text())
+        for k in ("test_acc", "test_acc_exact", "best_val_acc", "mean_epoch_time_s",
+                  "feature_cache_rows", "backend", "world_size", "peak_mem_mb"):
+            if k in d:
+                keys.append(f"{k}={fmt(d[k])}")
+    b = out / step / "bench.json"
+    if b.is_file():
+        res = json.loads(b.read_text())["results"]
+        for name, r in res.items():
+            if isinstance(r, dict):
+                keys.append(f"{name}: " + (f"{r['epoch_time_s']:.3g} s/epoch, test_acc "
+                                           f"{fmt(r.get('test_acc'))}, x{r.get('epoch_time_vs_pyg_mgpu', 0):.2f} vs pyg_mgpu"
+                                           if "epoch_time_s" in r else
+                                           str(r.get("skipped") or r.get("failed"))))
+            elif isinstance(r, float) and "_vs_" not in name:
+                keys.append(f"{name}={r / 1e6:.1f}M edges/s")
+    g = out / step / "gpu_usage.csv"
+    if g.is_file():
+        util, mem = [], []
+        for l in g.read_text().splitlines()[1:]:
+            try:
+                u, m_ = [p.strip().split()[0] for p in l.split(",")[:2]]
+                util.append(float(u)); mem.append(float(m_))
+            except (ValueError, IndexError):
+                pass
+        if util:
+            keys.append(f"GPU util mean {sum(util) / len(util):.0f}% (max {max(util):.0f}%), "
+                        f"peak memory {max(mem):.0f} MiB")
+    rows.append(f"| {step} | {rc} | {secs} | {'; '.join(keys)} |")
+(out / "summary.md").write_text("\n".join(rows) + "\n")
+PYEOF
+}
+
+step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs it, records exit code and seconds
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s): $*"
+  if [ "$DRY" = 1 ]; then return 0; fi
+  mkdir -p "$OUT/$name"
+  local start=$SECONDS
+  timeout --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$STEPS"
+  echo "   exit $rc after $((SECONDS - start)) s (log: $OUT/$name.log)"
+  summarize || echo "   (summary failed)"
+}
+
+train() {  # train NAME TIMEOUT_S FLAGS...: one CLI run on the moderate synthetic graph
+  local name=$1 limit=$2; shift 2
+  step "$name" "$limit" "$PY" -m pyg_mgpu.distributed_sampling --num-nodes "$NODES" \
+    --num-edges "$EDGES" --num-features 100 --num-classes 47 --fanout 15,10,5 \
+    --batch-size 1024 --epochs "$EPOCHS" --out "$OUT/$name" "$@"
+}
+
+if [ "$PART" != full ]; then
+  step env 60 bash -c "nvidia-smi; $PY -c 'import torch, torch_geometric as g; \
+print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"available\", \
+torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"\"); \
+print(\"torch_geometric\", g.__version__)'; git log --oneline -1"
+  step pytest_gpu 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+  for size in "1m 1000000 25000000" "2_4m 2400000 62000000"; do
+    set -- $size
+    step "sampler_$1" 180 "$PY" -m pyg_mgpu.bench --sampler-only --sampler-device cuda \
+      --num-nodes "$2" --num-edges "$3" --fanout 15,10,5 --batch-size 1024 --batches 30 \
+      --out "$OUT/sampler_$1"
+  done
+  # The 8 end-to-end variants, 1 rank with NCCL (ranks: cuda:0), same graph and seed:
+  # compare test_acc across them in summary.md (bf16/compile may differ by noise only).
+  train graph_gpu 240 --devices "$DEV" --graph-on gpu
+  train graph_cpu_cache 240 --devices "$DEV" --graph-on cpu --feature-cache-gb 0.02
+  train amp_bf16 240 --devices "$DEV" --amp bf16
+  train compile 300 --devices "$DEV" --compile
+  train prefetch2 240 --devices "$DEV" --prefetch 2
+  train layerwise 240 --devices "$DEV" --inference layerwise
+  train eval_all 240 --devices "$DEV" --eval-on all
+  train resume 240 --devices "$DEV" --resume "$OUT/graph_gpu" --epochs $((EPOCHS + 1))
+  # Multi-rank CUDA logic on one GPU: 2 ranks over gloo (NCCL refuses two ranks on one GPU).
+  train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
+    --inference layerwise
+fi
+
+if [ "$PART" != quick ]; then
+  # Products scale: 2.4M nodes, 62M edges, 100 features; pyg_recipe is reported as skipped
+  # without pyg-lib/torch-sparse: pyg_model_native_sampler is then the PyG-model baseline.
+  if [ "$DRY" != 1 ]; then
+    mkdir -p "$OUT/products"
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv -lms 500 \
+      > "$OUT/products/gpu_usage.csv" 2>/dev/null &
+    SMI=$!
+  fi
+  step products 560 "$PY" -m pyg_mgpu.bench --devices cuda --nprocs 1 --num-nodes 2400000 \
+    --num-edges 62000000 --num-features 100 --num-classes 47 --fanout 15,10,5 \
+    --batch-size 1024 --epochs 3 --num-workers 4 \
+    --systems pyg_mgpu,pyg_mgpu_bf16,pyg_model_native_sampler,pyg_recipe --out "$OUT/products"
+  if [ "$DRY" != 1 ]; then kill "$SMI" 2>/dev/null; wait "$SMI" 2>/dev/null; summarize; fi
+fi
+[ "$DRY" = 1 ] || { echo; cat "$OUT/summary.md"; }

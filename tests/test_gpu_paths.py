@@ -1,0 +1,269 @@
+"""CUDA paths: the public sampler/loader in every mode on CUDA tensors (the invariants of
+tests/test_neighbor_loader.py), the launcher with NCCL and with ranks sharing one GPU over gloo,
+and CLI runs with each GPU option. Every test here skips without CUDA.
+
+Run on a GPU machine with ``python -m pytest -q -m gpu`` (benchmarks/gpu_suite.sh does).
+"""
+import itertools
+import json
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from torch_geometric.data import Data
+
+from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.distributed.launch import launch_local, spawn
+from pyg_mgpu.distributed_sampling import main
+from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.train.inference import layerwise_logits
+
+import _gpu_ranks
+from test_neighbor_loader import (WEIGHTS, check_names_callers_edges, global_edges, in_degree,
+                                  random_graph, star, weighted_star)
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+CUDA = torch.device("cuda", 0)
+TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
+        "--num-classes", "4", "--hidden", "16", "--batch-size", "128"]
+
+
+def on_cuda(data: Data) -> Data:
+    return data.clone().to(CUDA)
+
+
+def assert_on_cuda(batch):
+    assert batch.edge_index.is_cuda and batch.n_id.is_cuda and batch.e_id.is_cuda
+    assert batch.x.is_cuda
+
+
+# --- the public loader/sampler on CUDA, mode by mode -------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+@pytest.mark.parametrize("options", [{}, {"replace": True}, {"disjoint": True},
+                                     {"subgraph_type": "induced"},
+                                     {"subgraph_type": "bidirectional"},
+                                     {"weight_attr": "edge_attr"}])
+def test_batches_name_the_callers_nodes_and_edges_on_cuda(dtype, options):
+    data = random_graph(dtype=dtype)
+    data.edge_attr = data.edge_attr.float() + 1  # positive weights for weight_attr
+    cuda = on_cuda(data)
+    seen = []
+    for batch in NeighborLoader(cuda, [4, 3], batch_size=32, seed=0, **options):
+        assert_on_cuda(batch)
+        check_names_callers_edges(cuda, batch)
+        assert torch.equal(batch.n_id[:batch.batch_size], batch.input_id)  # seeds first
+        assert batch.edge_index.max() < batch.num_nodes
+        assert batch.edge_index.dtype == batch.n_id.dtype == dtype
+        assert batch.e_id.dtype == torch.long
+        assert (batch.batch is not None) == bool(options.get("disjoint"))
+        seen.append(batch.input_id.cpu())
+    assert torch.equal(torch.cat(seen), torch.arange(data.num_nodes))
+
+
+@pytest.mark.parametrize("options", [{}, {"weight_attr": "edge_attr"}])
+def test_per_hop_counts_and_fanouts_on_cuda(options):
+    data = random_graph()
+    data.edge_attr = data.edge_attr.float() + 1
+    deg = in_degree(data)
+    fanouts = [5, 3]
+    for batch in NeighborLoader(on_cuda(data), fanouts, batch_size=40, seed=1, **options):
+        batch = batch.cpu()
+        assert sum(batch.num_sampled_nodes) == batch.num_nodes
+        assert sum(batch.num_sampled_edges) == batch.num_edges
+        assert batch.n_id.unique().numel() == batch.num_nodes
+        node_start = edge_start = 0
+        for hop, k in enumerate(fanouts):
+            n_front, n_edges = batch.num_sampled_nodes[hop], batch.num_sampled_edges[hop]
+            col = batch.edge_index[1, edge_start:edge_start + n_edges]
+            assert ((col >= node_start) & (col < node_start + n_front)).all()
+            assert (col[1:] >= col[:-1]).all(), "edges grouped by destination, in node order"
+            frontier = batch.n_id[node_start:node_start + n_front]
+            counts = torch.bincount(col - node_start, minlength=n_front)
+            assert torch.equal(counts, deg[frontier].clamp(max=k))
+            pairs = col * data.num_edges + batch.e_id[edge_start:edge_start + n_edges]
+            assert pairs.unique().numel() == pairs.numel(), "an edge drawn twice for a node"
+            node_start += n_front
+            edge_start += n_edges
+
+
+def test_full_neighbourhood_matches_the_cpu_on_cuda():
+    data = random_graph()
+    seeds = torch.tensor([3, 1, 4])
+    cpu = NeighborLoader(data, [-1, -1], batch_size=10, seed=0)(seeds)
+    gpu = NeighborLoader(on_cuda(data), [-1, -1], batch_size=10, seed=0)(seeds.to(CUDA))
+    assert torch.equal(gpu.e_id.cpu(), cpu.e_id) and torch.equal(gpu.n_id.cpu(), cpu.n_id)
+
+
+def test_bidirectional_is_the_sampled_edges_plus_their_reverses_on_cuda():
+    data = on_cuda(random_graph())
+    seeds = torch.arange(30, device=CUDA)
+    directional = NeighborSampler(data, [4, 3], seed=5).sample(seeds)
+    both = NeighborSampler(data, [4, 3], subgraph_type="bidirectional", seed=5).sample(seeds)
+    assert both.node.is_cuda and torch.equal(directional.node, both.node)
+
+    def pairs(out):
+        return set(zip(out.node[out.row].tolist(), out.node[out.col].tolist()))
+    one_way = pairs(directional)
+    assert pairs(both) == one_way | {(d, s) for s, d in one_way}
+
+
+def test_induced_is_every_edge_among_the_sampled_nodes_on_cuda():
+    data = random_graph()
+    for batch in NeighborLoader(on_cuda(data), [3, 2], batch_size=50, subgraph_type="induced",
+                                seed=2):
+        n_id, e_id = batch.n_id.cpu(), batch.e_id.cpu()
+        inside = torch.zeros(data.num_nodes, dtype=torch.bool)
+        inside[n_id] = True
+        expected = (inside[data.edge_index[0]] & inside[data.edge_index[1]]).nonzero().view(-1)
+        assert torch.equal(e_id.sort().values, expected)
+
+
+def test_disjoint_keeps_trees_apart_on_cuda():
+    data = on_cuda(random_graph())
+    out = NeighborSampler(data, [3, 2], disjoint=True, seed=0).sample(
+        torch.tensor([7, 7, 9], device=CUDA))
+    keys = out.batch * data.num_nodes + out.node
+    assert keys.unique().numel() == keys.numel(), "a (seed, node) pair appears twice"
+    assert out.node[:3].tolist() == [7, 7, 9] and out.batch[:3].tolist() == [0, 1, 2]
+    assert torch.equal(out.batch[out.row], out.batch[out.col])
+
+
+def test_uniform_without_replacement_on_cuda():
+    edge_index, n = star(8, num_centres=3000)
+    perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(0))
+    data = on_cuda(Data(edge_index=edge_index[:, perm], num_nodes=n))
+    out = NeighborSampler(data, [3], seed=0).sample(torch.arange(3000, device=CUDA))
+    picked = (out.node[out.row].view(3000, 3).sort(1).values - 3000).cpu()
+    assert (picked[:, 1:] > picked[:, :-1]).all(), "a neighbour drawn twice"
+    assert chisquare(torch.bincount(picked.view(-1), minlength=8).numpy()).pvalue > 1e-3
+    index = {s: i for i, s in enumerate(itertools.combinations(range(8), 3))}
+    codes = torch.tensor([index[tuple(s)] for s in picked.tolist()])
+    assert chisquare(torch.bincount(codes, minlength=len(index)).numpy()).pvalue > 1e-3
+
+
+def test_replace_draws_fanout_times_uniformly_on_cuda():
+    edge_index, n = star(3, num_centres=2000)
+    data = on_cuda(Data(edge_index=edge_index, num_nodes=n))
+    out = NeighborSampler(data, [5], replace=True, seed=0).sample(torch.arange(2000, device=CUDA))
+    assert out.num_sampled_edges == [2000 * 5]
+    picked = (out.node[out.row] - 2000).cpu()
+    assert chisquare(torch.bincount(picked, minlength=3).numpy()).pvalue > 1e-3
+    per_centre = picked.view(2000, 5).sort(1).values
+    assert (per_centre[:, 1:] == per_centre[:, :-1]).any(), "no repeats: not with replacement"
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_weighted_single_draws_are_proportional_to_weight_on_cuda(replace):
+    data, c = weighted_star(4000)
+    out = NeighborSampler(on_cuda(data), [1], weight_attr="weight", replace=replace,
+                          seed=0).sample(torch.arange(c, device=CUDA))
+    leaf = (out.node[out.row] - c).cpu()
+    counts = torch.bincount(leaf, minlength=len(WEIGHTS)).double()
+    assert counts[4] == 0, "a weight-0 edge was drawn"
+    expected = WEIGHTS[:4].double() / WEIGHTS.sum() * c
+    assert chisquare(counts[:4].numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_backward_samples_out_neighbours_on_cuda():
+    data = random_graph()
+    out_degree = torch.bincount(data.edge_index[0], minlength=data.num_nodes)
+    cuda = on_cuda(data)
+    loader = NeighborLoader(cuda, [4], batch_size=20, seed=0,
+                            neighbor_sampler=NeighborSampler(cuda, [4], seed=0,
+                                                             sample_direction="backward"))
+    for batch in loader:
+        assert_on_cuda(batch)
+        check_names_callers_edges(cuda, batch)
+        src, _ = global_edges(batch)
+        seeds = batch.n_id[:batch.batch_size].cpu()
+        assert torch.equal(torch.bincount(src.cpu(), minlength=data.num_nodes)[seeds],
+                           out_degree[seeds].clamp(max=4))
+
+
+def test_same_seed_same_batches_on_cuda():
+    cuda = on_cuda(random_graph())
+    runs = [[b.e_id for b in NeighborLoader(cuda, [3, 3], batch_size=50, seed=9)]
+            for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+# --- the launcher on one GPU ---------------------------------------------------------------------
+
+def test_one_nccl_rank_runs_every_collective():
+    result = torch.zeros(1, 6)
+    spawn(_gpu_ranks.collectives_on_the_gpu, args=(result,), devices="cuda:0", timeout_s=120)
+    assert result[0].tolist() == [0, 1, 1, 1, 1, 7]
+
+
+def test_two_gloo_ranks_share_one_gpu():
+    result = torch.zeros(2, 6)
+    spawn(_gpu_ranks.collectives_on_the_gpu, args=(result,), devices="cuda:0,0",
+          backend="gloo", timeout_s=120)
+    assert result.tolist() == [[0, 2, 1, 0, 3, 7], [1, 2, 1, 0, 3, 7]]
+
+
+def test_a_gpu_listed_twice_needs_gloo():
+    with pytest.raises(ValueError, match="--backend gloo"):
+        spawn(_gpu_ranks.collectives_on_the_gpu, args=(torch.zeros(2, 6),),
+              devices="cuda:0,0", timeout_s=60)
+
+
+def test_layerwise_inference_over_gloo_ranks_sharing_a_gpu():
+    graph = make_synthetic(SyntheticSpec(num_nodes=997, num_edges=12_000, num_features=8),
+                           seed=0).share_memory_()
+    torch.manual_seed(2)
+    model = GraphSAGE(graph.num_features, 16, graph.num_classes, 2).eval()
+    expected = layerwise_logits(model, graph, rank=0, world_size=1, batch_size=100,
+                                device=torch.device("cpu"))
+    result = torch.full((2, graph.num_nodes, graph.num_classes), float("nan")).share_memory_()
+    launch_local(_gpu_ranks.layerwise_on_the_gpu, [CUDA, CUDA],
+                 args=(graph, model.state_dict(), 2, 16, result), timeout_s=120, backend="gloo")
+    for rank in range(2):
+        torch.testing.assert_close(result[rank], expected, rtol=1e-4, atol=1e-4)
+
+
+# --- the CLI with each GPU option ----------------------------------------------------------------
+
+@pytest.mark.parametrize("flags", [
+    ["--graph-on", "gpu"],
+    ["--graph-on", "cpu", "--feature-cache-gb", "0.001"],
+    ["--amp", "bf16"],
+    ["--prefetch", "2"],
+    ["--prefetch", "0"],
+    ["--inference", "layerwise"],
+    ["--eval-on", "all"],
+    ["--compile"],
+], ids=lambda f: "_".join(f).strip("-"))
+def test_cli_gpu_variants(tmp_path, flags):
+    assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--out", str(tmp_path),
+                        *flags]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["device"] == "cuda" and metrics["backend"] == "nccl"
+    assert 0.0 <= metrics["test_acc"] <= 1.0
+
+
+def test_cli_resume_on_the_gpu(tmp_path):
+    assert main(TINY + ["--epochs", "1", "--devices", "cuda:0", "--out", str(tmp_path)]) == 0
+    assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--resume", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+
+
+@pytest.mark.parametrize("eval_on", ["rank0", "all"])
+def test_cli_two_gloo_ranks_on_one_gpu(tmp_path, eval_on):
+    assert main(TINY + ["--epochs", "2", "--devices", "cuda:0,0", "--backend", "gloo",
+                        "--eval-on", eval_on, "--inference", "layerwise",
+                        "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["device"] == "cuda" and metrics["backend"] == "gloo"
+    assert metrics["world_size"] == 2
+
+
+def test_cli_refuses_a_shared_gpu_without_gloo(tmp_path, capsys):
+    assert main(TINY + ["--devices", "cuda:0,0", "--out", str(tmp_path)]) == 2
+    assert "--backend gloo" in capsys.readouterr().err
