@@ -330,3 +330,17 @@ def test_reassigned_num_neighbors_take_effect():
     sampler = NeighborSampler(data, [5, 5], seed=0)
     sampler.num_neighbors = [2]
     assert len(sampler.sample(torch.arange(10)).num_sampled_edges) == 1
+
+
+@pytest.mark.parametrize("disjoint", [False, True])
+def test_serves_pyg_link_neighbor_loader(disjoint):
+    from torch_geometric.loader import LinkNeighborLoader
+    data = random_graph()
+    label_index = data.edge_index[:, :40]
+    sampler = NeighborSampler(data, [3, 2], disjoint=disjoint, seed=0)
+    loader = LinkNeighborLoader(data, [3, 2], edge_label_index=label_index, batch_size=10,
+                                neighbor_sampler=sampler)
+    for batch in loader:
+        check_names_callers_edges(data, batch)
+        # The labelled edges' endpoints are in the batch, at the positions the batch names.
+        assert torch.equal(batch.n_id[batch.edge_label_index], label_index[:, batch.input_id])
