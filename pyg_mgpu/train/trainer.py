@@ -31,7 +31,7 @@ from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
 from pyg_mgpu.train.checkpoint import restore_checkpoint, save_checkpoint, save_torch
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.evaluation import accuracy
+from pyg_mgpu.train.evaluation import accuracy, layerwise_inference
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.train.loop import StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
@@ -202,15 +202,22 @@ def evaluate_best(cfg: TrainConfig, ctx: RankContext, model: torch.nn.Module, da
     ``--inference layerwise`` the exact (all-neighbour) validation and test accuracies."""
     model.load_state_dict(progress.best_state)
     results = {"test_acc": data.evaluator.accuracy(model, data.graph.test_idx)}
-    if cfg.inference == "layerwise":
-        start = time.perf_counter()
-        graph = data.graph
+    if cfg.inference != "layerwise":
+        return results
+    start = time.perf_counter()
+    graph = data.graph
+    batch_size = cfg.eval_batch_size or cfg.batch_size
+    if cfg.model == "sage":  # the fast path's own inference, sharded over the ranks
         logits = layerwise_logits(model, graph, rank=ctx.rank, world_size=ctx.world_size,
-                                  batch_size=cfg.eval_batch_size or cfg.batch_size,
-                                  device=ctx.device)
-        results.update(val_acc_exact=exact_accuracy(logits, graph, graph.val_idx),
-                       test_acc_exact=exact_accuracy(logits, graph, graph.test_idx),
-                       exact_inference_time_s=time.perf_counter() - start)
+                                  batch_size=batch_size, device=ctx.device)
+    elif ctx.is_main:  # PyG's models: their own BasicGNN.inference, on rank 0
+        logits = layerwise_inference(model, graph.to_data(), batch_size=batch_size,
+                                     device=ctx.device)
+    else:
+        return results  # only rank 0 reports
+    results.update(val_acc_exact=exact_accuracy(logits, graph, graph.val_idx),
+                   test_acc_exact=exact_accuracy(logits, graph, graph.test_idx),
+                   exact_inference_time_s=time.perf_counter() - start)
     return results
 
 
