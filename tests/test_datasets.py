@@ -21,7 +21,7 @@ from pyg_mgpu.data import (DATASETS, DatasetError, GraphStore, SyntheticSpec, lo
                            load_graph, make_synthetic)
 from pyg_mgpu.data.csc import cached_csc, csc_of
 from pyg_mgpu.data.datasets import CACHE_ENV
-from pyg_mgpu.data.graph import node_index_dtype
+from pyg_mgpu.data.csc import index_dtype
 
 SMALL = SyntheticSpec(num_nodes=300, num_edges=3_000, num_features=8, num_classes=4)
 
@@ -139,8 +139,8 @@ def test_load_dataset_is_the_graph_as_pyg_data(monkeypatch):
 
 
 def test_node_ids_beyond_int32_keep_int64_indices():
-    assert node_index_dtype(2**31 - 1) == torch.int32
-    assert node_index_dtype(2**31) == torch.int64
+    assert index_dtype(2**31 - 1) == torch.int32
+    assert index_dtype(2**31) == torch.int64
 
 
 # Planetoid, from the shared offline copy.

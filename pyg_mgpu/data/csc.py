@@ -59,20 +59,10 @@ class CSC:
     def is_shared(self) -> bool:
         return all(t.is_shared() or t.is_cuda for t in self.tensors())
 
-    def to(self, device: torch.device) -> "CSC":
-        move = (lambda t: None if t is None else t.to(device))
-        return CSC(move(self.colptr), move(self.row), move(self.perm), self.edge_index)
 
-    def caller_edge_ids(self, csc_positions: Tensor) -> Tensor:
-        """The ``edge_index`` columns of CSC positions."""
-        if self.perm is None:
-            return csc_positions
-        return self.perm.index_select(0, csc_positions).long()
-
-
-def index_dtype(num_nodes: int) -> torch.dtype:
-    """The narrowest integer type that holds every node id of a graph with ``num_nodes``."""
-    return torch.int32 if num_nodes <= torch.iinfo(torch.int32).max else torch.int64
+def index_dtype(count: int) -> torch.dtype:
+    """The narrowest integer type that holds every id below ``count`` (node or edge ids)."""
+    return torch.int32 if count <= torch.iinfo(torch.int32).max else torch.int64
 
 
 def build_csc(edge_index: Tensor, num_nodes: int, is_sorted: bool = False,

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import index_to_mask
 
-from pyg_mgpu.data.csc import CSC, attach_csc
+from pyg_mgpu.data.csc import CSC, attach_csc, build_csc
 
 
 class DatasetError(ValueError):
@@ -169,15 +169,13 @@ class GraphStore:
         elif int(y.max()) >= num_classes:
             raise DatasetError(f"{name}: label {int(y.max())} is out of range for "
                                f"{num_classes} classes; labels must lie in [0, {num_classes}).")
-        src, dst = edge_index[0].long(), edge_index[1].long()
-        # A stable sort by destination groups each node's in-edges and keeps their input order.
-        order = torch.sort(dst, stable=True).indices
-        colptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-        torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0, out=colptr[1:])
+        # Each node's in-edges grouped, in their input order (the edge order is not kept: the
+        # store's edge ids are CSC positions).
+        csc = build_csc(edge_index.long(), num_nodes)
         return cls(
             name=name,
-            colptr=colptr,
-            row=src[order].to(node_index_dtype(num_nodes)).contiguous(),
+            colptr=csc.colptr,
+            row=csc.row,
             x=x.float().contiguous(),
             y=y.contiguous(),
             train_idx=splits[0].view(-1).long().contiguous(),
@@ -199,11 +197,6 @@ class GraphStore:
         np.savez(tmp, num_classes=np.int64(self.num_classes), **arrays)
         tmp.replace(path)
         return path
-
-
-def node_index_dtype(num_nodes: int) -> torch.dtype:
-    """The narrowest integer type that holds every node id of a graph with ``num_nodes``."""
-    return torch.int32 if num_nodes <= torch.iinfo(torch.int32).max else torch.int64
 
 
 def _validate(name: str, edge_index: Tensor, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
