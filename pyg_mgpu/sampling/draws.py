@@ -33,7 +33,7 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
         replace: Draw with replacement.
         weight: ``[E]`` non-negative edge weights in CSC order, for weighted draws.
         cum_weight: ``[E]`` inclusive cumulative sum of ``weight`` (float64), for weighted
-            draws.
+            draws with replacement.
         generator: Random generator on ``colptr``'s device.
         offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
 

@@ -96,7 +96,7 @@ class NeighborSampler(PyGNeighborSampler):
         self.colptr, self.row, self.perm = self.csc.colptr, self.csc.row, self.csc.perm
         # Outputs are int32 for an int32 edge_index, as PyG's are.
         self.index_dtype = torch.int32 if data.edge_index.dtype == torch.int32 else torch.long
-        self.edge_weight, self.cum_weight = _csc_weights(data, weight_attr, self.csc)
+        self.edge_weight, self.cum_weight = _csc_weights(data, weight_attr, self.csc, replace)
 
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.replace = replace
@@ -316,9 +316,10 @@ def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> N
         raise ValueError(_TEMPORAL_ERROR)
 
 
-def _csc_weights(data: Data, weight_attr: Optional[str],
-                 csc: CSC) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """The sampling weights in CSC order, and their running sum (for draws with replacement)."""
+def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,
+                 replace: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """The sampling weights in CSC order, and for draws with replacement their running sum
+    (float64, 8 bytes per edge: only built when needed)."""
     if weight_attr is None:
         return None, None
     if weight_attr not in data or not isinstance(data[weight_attr], Tensor):
@@ -334,7 +335,7 @@ def _csc_weights(data: Data, weight_attr: Optional[str],
     weight = weight.to(csc.row.device)
     if csc.perm is not None:
         weight = weight.index_select(0, csc.perm)
-    return weight, torch.cumsum(weight, 0, dtype=torch.float64)
+    return weight, torch.cumsum(weight, 0, dtype=torch.float64) if replace else None
 
 
 def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
