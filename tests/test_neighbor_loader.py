@@ -65,28 +65,33 @@ def test_batches_name_the_callers_nodes_and_edges(dtype, options):
     assert torch.equal(torch.cat(seen), torch.arange(data.num_nodes))
 
 
+def check_per_hop(data, batch, fanouts):
+    """Per-hop counts add up; each hop's destinations are the previous hop's new nodes, grouped
+    in order; each keeps min(degree, fanout) distinct in-edges."""
+    deg = in_degree(data)
+    assert sum(batch.num_sampled_nodes) == batch.num_nodes
+    assert sum(batch.num_sampled_edges) == batch.num_edges
+    assert batch.n_id.unique().numel() == batch.num_nodes
+    node_start = edge_start = 0
+    for hop, k in enumerate(fanouts):
+        n_front, n_edges = batch.num_sampled_nodes[hop], batch.num_sampled_edges[hop]
+        col = batch.edge_index[1, edge_start:edge_start + n_edges]
+        assert ((col >= node_start) & (col < node_start + n_front)).all()
+        assert (col[1:] >= col[:-1]).all(), "edges grouped by destination, in node order"
+        frontier = batch.n_id[node_start:node_start + n_front]
+        counts = torch.bincount(col - node_start, minlength=n_front)
+        assert torch.equal(counts, deg[frontier].clamp(max=k))
+        e_id = batch.e_id[edge_start:edge_start + n_edges]
+        pairs = col * data.num_edges + e_id
+        assert pairs.unique().numel() == pairs.numel(), "an edge drawn twice for a node"
+        node_start += n_front
+        edge_start += n_edges
+
+
 def test_per_hop_counts_and_fanouts():
     data = random_graph()
-    deg = in_degree(data)
-    fanouts = [5, 3]
-    for batch in NeighborLoader(data, fanouts, batch_size=40, seed=1):
-        assert sum(batch.num_sampled_nodes) == batch.num_nodes
-        assert sum(batch.num_sampled_edges) == batch.num_edges
-        assert batch.n_id.unique().numel() == batch.num_nodes
-        node_start = edge_start = 0
-        for hop, k in enumerate(fanouts):
-            n_front, n_edges = batch.num_sampled_nodes[hop], batch.num_sampled_edges[hop]
-            col = batch.edge_index[1, edge_start:edge_start + n_edges]
-            assert ((col >= node_start) & (col < node_start + n_front)).all()
-            assert (col[1:] >= col[:-1]).all(), "edges grouped by destination, in node order"
-            frontier = batch.n_id[node_start:node_start + n_front]
-            counts = torch.bincount(col - node_start, minlength=n_front)
-            assert torch.equal(counts, deg[frontier].clamp(max=k))
-            e_id = batch.e_id[edge_start:edge_start + n_edges]
-            pairs = col * data.num_edges + e_id
-            assert pairs.unique().numel() == pairs.numel(), "an edge drawn twice for a node"
-            node_start += n_front
-            edge_start += n_edges
+    for batch in NeighborLoader(data, [5, 3], batch_size=40, seed=1):
+        check_per_hop(data, batch, [5, 3])
 
 
 def test_full_neighbourhood_is_every_in_edge_in_the_callers_order():

@@ -89,20 +89,13 @@ class TrainConfig:
             raise ConfigError(f"--lr must be positive, got {self.lr}.")
         if not self.weight_decay >= 0:
             raise ConfigError(f"--weight-decay must be >= 0, got {self.weight_decay}.")
-        if self.eval_on not in EVAL_MODES:
-            raise ConfigError(f"--eval-on must be one of {', '.join(EVAL_MODES)}, "
-                              f"got {self.eval_on!r}.")
-        if self.sampler not in SAMPLERS:
-            raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}, "
-                              f"got {self.sampler!r}.")
-        if self.amp not in AMP_MODES:
-            raise ConfigError(f"--amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}.")
-        if self.inference not in INFERENCE_MODES:
-            raise ConfigError(f"--inference must be one of {', '.join(INFERENCE_MODES)}, "
-                              f"got {self.inference!r}.")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, "
-                              f"got {self.backend!r}.")
+        choices = {"--eval-on": (self.eval_on, EVAL_MODES), "--sampler": (self.sampler, SAMPLERS),
+                   "--amp": (self.amp, AMP_MODES), "--inference": (self.inference, INFERENCE_MODES),
+                   "--backend": (self.backend, BACKENDS), "--recipe": (self.recipe, RECIPES),
+                   "--model": (self.model, MODELS)}
+        for flag, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}.")
         if self.backend == "nccl" and self.devices.strip().lower() == "cpu":
             raise ConfigError("--backend nccl needs GPU ranks (--devices cuda...); CPU ranks "
                               "use gloo (--backend auto or gloo).")
@@ -111,9 +104,6 @@ class TrainConfig:
         if self.graph_on == "gpu" and self.sampler == "pyg":
             raise ConfigError("--graph-on gpu needs --sampler native: PyG's sampler (pyg-lib, "
                               "torch-sparse) samples on the CPU from the host copy of the graph.")
-        if self.recipe not in RECIPES:
-            raise ConfigError(f"--recipe must be one of {', '.join(RECIPES)}, "
-                              f"got {self.recipe!r}.")
         self._check_model()
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
@@ -126,9 +116,7 @@ class TrainConfig:
             raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
 
     def _check_model(self) -> None:
-        """``--model`` and the options that work with one model only."""
-        if self.model not in MODELS:
-            raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}.")
+        """The options that work with one model only."""
         if self.model == "gat" and self.hidden % self.heads:
             raise ConfigError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}: "
                               "PyG's GAT splits each hidden layer's channels over its heads; "

@@ -7,8 +7,8 @@ in-neighbours, with the previous layer's full output as the source side, so the 
 one pass over the edges.
 
 Across ranks each layer is sharded: rank ``r`` computes the nodes of
-:func:`~pyg_mgpu.sampling.sharding.shard_bounds` and one all-gather assembles the layer on every rank.
-All-gather needs equal shapes, so every slice is padded to ``ceil(N / world_size)`` rows. Hidden
+:func:`~pyg_mgpu.sampling.sharding.shard_bounds` and one all-gather assembles the layer on every
+rank. All-gather needs equal shapes, so every slice is padded to ``ceil(N / world_size)`` rows. Hidden
 layers stay in that padded layout (rank ``r``'s nodes start at row ``r * ceil(N / world_size)``,
 :func:`gathered_rows` maps node ids to rows) rather than being trimmed into a copy: one
 ``[N, hidden]`` buffer per layer, and only the ``[N, num_classes]`` logits are trimmed.
