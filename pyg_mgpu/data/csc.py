@@ -10,7 +10,7 @@ shared-memory handles), and every later sampler over the same ``Data`` reuses it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -65,14 +65,99 @@ def index_dtype(count: int) -> torch.dtype:
     return torch.int32 if count <= torch.iinfo(torch.int32).max else torch.int64
 
 
+EdgeChunks = Callable[[], Iterator[tuple[Tensor, Tensor]]]
+"""A graph's edges as a sequence of (source, destination) chunks: each call starts a new pass.
+
+The conversion below reads the edges twice (in-degrees first, then placement), one chunk at a
+time, so an edge list that lives in a file or is generated on the fly never needs to be held
+whole, and an in-memory one is only ever sliced (views), never copied."""
+
+CHUNK_EDGES = 1 << 20
+"""Edges per conversion step on the CPU: ~25 MB of temporaries whatever the graph's size (and
+faster than larger steps, which sort outside the CPU caches)."""
+
+
+def edge_chunks(src: Tensor, dst: Tensor, chunk: int = CHUNK_EDGES) -> EdgeChunks:
+    """Views of an in-memory edge list, ``chunk`` edges at a time."""
+    def chunks() -> Iterator[tuple[Tensor, Tensor]]:
+        for start in range(0, src.numel(), chunk):
+            yield src[start:start + chunk], dst[start:start + chunk]
+    return chunks
+
+
+def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = True,
+                    device: Optional[torch.device] = None) -> CSC:
+    """Groups edges by destination with a two-pass counting sort over chunks.
+
+    The result equals a global stable sort by destination (each node's in-edges keep their
+    input order), but the largest temporaries are one chunk's, not the edge list's: the
+    output (``row``: 4 bytes per edge where node ids fit in int32, ``perm`` when kept) is all
+    that grows with the graph. ``perm`` is None when the edges already came sorted.
+
+    Raises:
+        ValueError: a node id lies outside ``[0, num_nodes)``.
+    """
+    # Pass 1: in-degrees, range and whether the edges already come grouped.
+    counts = None
+    num_edges, lo, hi, is_sorted, last = 0, 0, -1, True, None
+    for src, dst in chunks():
+        if counts is None:
+            device = device or dst.device
+            counts = torch.zeros(num_nodes, dtype=torch.long, device=device)
+        if dst.numel() == 0:
+            continue
+        lo = min(lo, int(src.min()), int(dst.min()))
+        hi = max(hi, int(src.max()), int(dst.max()))
+        if lo < 0 or hi >= num_nodes:
+            raise ValueError(f"edge_index holds node ids outside [0, {num_nodes}) (min {lo}, "
+                             f"max {hi}); set data.num_nodes or fix the ids.")
+        if is_sorted:
+            is_sorted = (last is None or int(dst[0]) >= last) and not (
+                dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()))
+            last = int(dst[-1])
+        counts.index_add_(0, dst.to(device), torch.ones(1, dtype=torch.long,
+                                                         device=device).expand(dst.numel()))
+        num_edges += dst.numel()
+    if counts is None:
+        counts = torch.zeros(num_nodes, dtype=torch.long, device=device)
+    colptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=counts.device)
+    torch.cumsum(counts, 0, out=colptr[1:])
+    del counts
+
+    # Pass 2: each chunk's edges go to the next free slots of their destinations.
+    row = torch.empty(num_edges, dtype=index_dtype(num_nodes), device=colptr.device)
+    perm = (torch.empty(num_edges, dtype=index_dtype(num_edges), device=colptr.device)
+            if keep_perm and not is_sorted else None)
+    cursor = colptr[:-1].clone() if not is_sorted else None
+    start = 0
+    for src, dst in chunks():
+        n = dst.numel()
+        # int32 ids where they fit: the sort below is ~1.5x faster on them.
+        src, dst = src.to(colptr.device, row.dtype), dst.to(colptr.device, row.dtype)
+        if is_sorted:
+            row[start:start + n] = src
+        else:
+            dst, order = torch.sort(dst, stable=True)
+            # An edge's rank among the chunk's edges with the same destination.
+            rank = torch.arange(n, device=dst.device) - torch.searchsorted(dst, dst)
+            pos = cursor[dst] + rank
+            row[pos] = src[order]
+            if perm is not None:
+                perm[pos] = (order + start).to(perm.dtype)
+            cursor.index_add_(0, dst, torch.ones(1, dtype=torch.long,
+                                                 device=dst.device).expand(n))
+        start += n
+    return CSC(colptr=colptr, row=row, perm=perm)
+
+
 def build_csc(edge_index: Tensor, num_nodes: int, is_sorted: bool = False,
               transpose: bool = False) -> CSC:
     """Converts ``[2, E]`` (source, destination) ids to CSC on ``edge_index``'s device.
 
     ``is_sorted=True`` promises that ``edge_index`` is already sorted by destination (PyG's
-    meaning), which skips the sort; it is checked, since a wrong promise would silently give
-    wrong neighbours. ``transpose=True`` groups the edges by source instead (each node's
-    out-edges, i.e. CSR), and ``row`` then holds destinations.
+    meaning); it is checked, since a wrong promise would silently give wrong neighbours.
+    ``transpose=True`` groups the edges by source instead (each node's out-edges, i.e. CSR),
+    and ``row`` then holds destinations.
     """
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must have shape [2, num_edges], got "
@@ -80,25 +165,14 @@ def build_csc(edge_index: Tensor, num_nodes: int, is_sorted: bool = False,
     if edge_index.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"edge_index must hold int64 or int32 node ids, got {edge_index.dtype}.")
     src, dst = (edge_index[1], edge_index[0]) if transpose else (edge_index[0], edge_index[1])
-    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
-        raise ValueError(f"edge_index holds node ids outside [0, {num_nodes}) (min "
-                         f"{int(edge_index.min())}, max {int(edge_index.max())}); set "
-                         "data.num_nodes or fix the ids.")
-    perm = None
-    if is_sorted and not transpose:
-        if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
-            raise ValueError("is_sorted=True, but edge_index is not sorted by destination "
-                             "(edge_index[1]); pass is_sorted=False.")
-    elif dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
-        # A stable sort keeps each node's in-edges in the caller's order.
-        perm = torch.sort(dst, stable=True).indices
-        src = src.index_select(0, perm)
-        perm = perm.to(index_dtype(perm.numel()))  # int32 halves it below 2^31 edges
-    counts = torch.bincount(dst.long(), minlength=num_nodes)
-    colptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=edge_index.device)
-    torch.cumsum(counts, 0, out=colptr[1:])
-    return CSC(colptr=colptr, row=src.to(index_dtype(num_nodes)).contiguous(), perm=perm,
-               edge_index=edge_index)
+    # On a GPU one chunk is fastest, and the memory is the GPU's.
+    chunk = CHUNK_EDGES if not edge_index.is_cuda else max(1, dst.numel())
+    csc = csc_from_chunks(edge_chunks(src, dst, chunk), num_nodes, device=edge_index.device)
+    if is_sorted and not transpose and csc.perm is not None:
+        raise ValueError("is_sorted=True, but edge_index is not sorted by destination "
+                         "(edge_index[1]); pass is_sorted=False.")
+    csc.edge_index = edge_index
+    return csc
 
 
 def attach_csc(data: Data, csc: CSC, transpose: bool = False) -> Data:

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import index_to_mask
 
-from pyg_mgpu.data.csc import CSC, attach_csc, build_csc
+from pyg_mgpu.data.csc import CSC, EdgeChunks, attach_csc, csc_from_chunks, edge_chunks
 
 
 class DatasetError(ValueError):
@@ -157,30 +157,57 @@ class GraphStore:
             DatasetError: if any shape, range or split is wrong (the message says which).
         """
         edge_index = torch.as_tensor(edge_index)
+        if edge_index.dim() != 2 or edge_index.size(0) != 2:
+            raise DatasetError(f"{name}: edge_index must have shape [2, num_edges], got "
+                               f"{tuple(edge_index.shape)}.")
+        if torch.is_floating_point(edge_index) or edge_index.dtype == torch.bool:
+            raise DatasetError(f"{name}: edge_index must hold integer node ids, got "
+                               f"{edge_index.dtype}.")
+        return cls.from_edge_chunks(name, edge_chunks(edge_index[0], edge_index[1]), x, y,
+                                    train_idx, val_idx, test_idx, num_classes)
+
+    @classmethod
+    def from_edge_chunks(
+        cls,
+        name: str,
+        edges: EdgeChunks,
+        x: Tensor,
+        y: Tensor,
+        train_idx: Tensor,
+        val_idx: Tensor,
+        test_idx: Tensor,
+        num_classes: Optional[int] = None,
+    ) -> "GraphStore":
+        """:meth:`from_edge_index` for edges that come in chunks (read from a file, or
+        generated): the conversion never holds more than one chunk beyond its output.
+
+        Each node's in-edges keep their input order; the edge order itself is not kept (the
+        store's edge ids are CSC positions).
+        """
         x = torch.as_tensor(x)
         y = torch.as_tensor(y)
-        splits = [torch.as_tensor(s) for s in (train_idx, val_idx, test_idx)]
-        _validate(name, edge_index, x, y, splits)
+        splits = [torch.as_tensor(s).view(-1) for s in (train_idx, val_idx, test_idx)]
+        _validate(name, x, y, splits)
         # Unlabeled nodes outside every split may carry any negative label; mark them -1.
         y = y.view(-1).long().clamp(min=-1)
-        num_nodes = x.size(0)
         if num_classes is None:
             num_classes = int(y.max()) + 1
         elif int(y.max()) >= num_classes:
             raise DatasetError(f"{name}: label {int(y.max())} is out of range for "
                                f"{num_classes} classes; labels must lie in [0, {num_classes}).")
-        # Each node's in-edges grouped, in their input order (the edge order is not kept: the
-        # store's edge ids are CSC positions).
-        csc = build_csc(edge_index.long(), num_nodes)
+        try:
+            csc = csc_from_chunks(edges, x.size(0), keep_perm=False)
+        except ValueError as err:
+            raise DatasetError(f"{name}: {err}") from None
         return cls(
             name=name,
             colptr=csc.colptr,
             row=csc.row,
-            x=x.float().contiguous(),
+            x=x.float().contiguous() if x.dtype != torch.bfloat16 else x.contiguous(),
             y=y.contiguous(),
-            train_idx=splits[0].view(-1).long().contiguous(),
-            val_idx=splits[1].view(-1).long().contiguous(),
-            test_idx=splits[2].view(-1).long().contiguous(),
+            train_idx=splits[0].long().contiguous(),
+            val_idx=splits[1].long().contiguous(),
+            test_idx=splits[2].long().contiguous(),
             num_classes=int(num_classes),
         )
 
@@ -199,17 +226,19 @@ class GraphStore:
         return path
 
 
-def _validate(name: str, edge_index: Tensor, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
+def _validate(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
     if x.dim() != 2 or x.size(0) == 0:
         raise DatasetError(f"{name}: features x must be a non-empty [num_nodes, num_features] "
                            f"matrix, got shape {tuple(x.shape)}.")
     num_nodes = x.size(0)
-    if not torch.is_floating_point(x):
-        x = x.float()
-    if not torch.isfinite(x).all():
-        bad = int((~torch.isfinite(x)).any(1).sum())
-        raise DatasetError(f"{name}: {bad} node(s) have NaN or inf features; clean or impute "
-                           "them before training.")
+    if torch.is_floating_point(x):
+        # A row block at a time: a whole-matrix mask would be a temporary of N x F bytes.
+        step = max(1, (1 << 24) // max(1, x.size(1)))
+        bad = sum(int((~torch.isfinite(x[i:i + step])).any(1).sum())
+                  for i in range(0, num_nodes, step))
+        if bad:
+            raise DatasetError(f"{name}: {bad} node(s) have NaN or inf features; clean or "
+                               "impute them before training.")
     if y.dim() == 2 and y.size(1) == 1:
         y = y.view(-1)
     if y.dim() != 1 or y.numel() != num_nodes:
@@ -217,12 +246,6 @@ def _validate(name: str, edge_index: Tensor, x: Tensor, y: Tensor, splits: list[
                            f"got {tuple(y.shape)}.")
     if torch.is_floating_point(y) and not torch.equal(y, y.round()):
         raise DatasetError(f"{name}: labels y must be integer class ids, got fractional values.")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise DatasetError(f"{name}: edge_index must have shape [2, num_edges], got "
-                           f"{tuple(edge_index.shape)}.")
-    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
-        raise DatasetError(f"{name}: edge_index holds node ids outside [0, {num_nodes}) "
-                           f"(min {int(edge_index.min())}, max {int(edge_index.max())}).")
     seen = torch.zeros(num_nodes, dtype=torch.bool)
     for split_name, idx in zip(SPLITS, splits):
         idx = idx.view(-1)
