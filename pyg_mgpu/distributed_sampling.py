@@ -25,6 +25,15 @@ def parse_fanout(text: str) -> tuple[int, ...]:
             f"--fanout takes comma-separated integers such as 25,10; got {text!r}")
 
 
+def parse_fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--split-fractions takes three comma-separated shares such as 0.5,0.1,0.2; got "
+            f"{text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = argparse.ArgumentParser(
@@ -101,11 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default=d.resume, metavar="RUN_DIR",
                    help="continue the run whose checkpoint.pt is in RUN_DIR (writes there too "
                         "unless --out is given)")
+    p.add_argument("--cache-dir", default=d.cache_dir,
+                   help="where converted graphs are kept, so later runs read them instead of "
+                        "converting again (default: $PYG_MGPU_CACHE/graphs, else "
+                        "~/.cache/pyg_mgpu/graphs)")
+    p.add_argument("--no-cache", action="store_true", default=d.no_cache,
+                   help="convert the dataset on every run and keep no cache")
+    p.add_argument("--features-on", choices=["auto", "shm", "mmap"], default=d.features_on,
+                   help="shm: copy the graph to /dev/shm for the ranks; mmap: the ranks map the "
+                        "graph cache's files, which the kernel pages in as batches read them "
+                        "(for graphs larger than /dev/shm or RAM); auto: mmap when /dev/shm "
+                        "cannot hold the graph")
     p.add_argument("--profile", action="store_true", help="print per-stage times per epoch")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     synthetic = p.add_argument_group("synthetic dataset size")
     for flag in ("num_nodes", "num_edges", "num_features", "num_classes"):
         synthetic.add_argument("--" + flag.replace("_", "-"), type=int, default=getattr(d, flag))
+    synthetic.add_argument("--split-fractions", type=parse_fractions, default=d.split_fractions,
+                           help="shares of the nodes in the train,val,test splits (the training "
+                                "share sets an epoch's length)")
     return p
 
 

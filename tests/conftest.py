@@ -13,3 +13,17 @@ def shared_data() -> Path:
         pytest.skip(f"offline data folder {SHARED_DATA} is absent (it sits beside the checkout "
                     "on the project's machines)")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_graph_cache(tmp_path_factory):
+    """Runs (in this process and the subprocesses it starts) keep their converted-graph cache
+    in a temporary folder, not the user's ~/.cache."""
+    import os
+    before = os.environ.get("PYG_MGPU_CACHE")
+    os.environ["PYG_MGPU_CACHE"] = str(tmp_path_factory.mktemp("pyg_mgpu_cache"))
+    yield
+    if before is None:
+        os.environ.pop("PYG_MGPU_CACHE", None)
+    else:
+        os.environ["PYG_MGPU_CACHE"] = before

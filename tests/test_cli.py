@@ -152,9 +152,21 @@ def test_full_shared_memory_is_a_clear_error(tmp_path, capsys, monkeypatch):
     from collections import namedtuple
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100, 100, 0))
-    assert main(TINY + ["--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "shared memory" in err and "--shm-size" in err and "Traceback" not in err
+    for cache in (["--features-on", "shm"], ["--no-cache"]):
+        assert main(TINY + cache + ["--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "shared memory" in err and "--shm-size" in err and "Traceback" not in err
+        assert "--features-on mmap" in err
+
+
+def test_full_shared_memory_maps_the_cache_instead(tmp_path, capsys, monkeypatch):
+    # --features-on auto: too little /dev/shm for the graph, so the ranks map the cache files.
+    import shutil
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100, 100, 0))
+    assert main(TINY + ["--epochs", "1", "--out", str(tmp_path)]) == 0
+    assert "(mapped)" in capsys.readouterr().out
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import pickle
+import sys
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -27,7 +28,9 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from pyg_mgpu.data.cache import CACHE_ENV, cache_folder, default_cache_dir, load_cached
 from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
+from pyg_mgpu.data.npz import NpzArray, npz_members
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 
 if TYPE_CHECKING:
@@ -38,9 +41,6 @@ DATASETS = ("synthetic", "cora", "citeseer", "pubmed", "reddit",
 """Accepted dataset names; any path ending in ``.npz`` is accepted as well."""
 
 DEFAULT_ROOT = Path("data")
-CACHE_ENV = "PYG_MGPU_CACHE"
-"""Environment variable naming the cache for read-only data folders
-(default ``~/.cache/pyg_mgpu``)."""
 
 _PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 _PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -67,24 +67,33 @@ _NPZ_CONTENTS = ("edge_index [2, E] (int), x [N, F], y [N], train_idx, val_idx, 
                  "(int node ids) and optionally num_classes, as GraphStore.save_npz writes")
 
 
-def load_configured(cfg: "TrainConfig", *, for_training: bool = True) -> GraphStore:
-    """The dataset a run's config names (``--dataset --root --seed`` and the synthetic size
-    flags): the one place the launchers and the DGL comparison turn flags into a graph.
+def load_configured(cfg: "TrainConfig", *, for_training: bool = True,
+                    map_files: Optional[bool] = None) -> GraphStore:
+    """The dataset a run's config names (``--dataset --root --seed``, the synthetic size flags
+    and the cache flags): the one place the launchers and the DGL comparison turn flags into
+    a graph.
 
     ``for_training`` applies the run's storage choices (bf16 features with ``--amp bf16``);
     exports for other tools (the DGL comparison) leave it off and get the dataset as read.
+    ``map_files`` overrides ``--features-on`` (True: map the cache files).
     """
     spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
-                         num_features=cfg.num_features, num_classes=cfg.num_classes)
-    graph = load_graph(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec)
-    if for_training and cfg.amp == "bf16":
-        # The bf16 model reads its first layer's inputs in bf16 anyway (autocast rounds the
-        # neighbour mean and the node's own row); stored so, the features take half the shared
-        # memory and every batch gathers half the bytes, which on a 1M-node graph cut the
-        # gather from ~19 to ~12 ms per step (random rows of a 512 MB matrix). The neighbour
-        # mean is now taken of rounded features (torch accumulates it in float32).
-        graph.x = graph.x.to(torch.bfloat16)
-    return graph
+                         num_features=cfg.num_features, num_classes=cfg.num_classes,
+                         train_fraction=cfg.split_fractions[0],
+                         val_fraction=cfg.split_fractions[1],
+                         test_fraction=cfg.split_fractions[2])
+    # The bf16 model reads its first layer's inputs in bf16 anyway (autocast rounds the
+    # neighbour mean and the node's own row); stored so, the features take half the shared
+    # memory and every batch gathers half the bytes, which on a 1M-node graph cut the gather
+    # from ~19 to ~12 ms per step (random rows of a 512 MB matrix). The neighbour mean is now
+    # taken of rounded features (torch accumulates it in float32).
+    bf16 = for_training and cfg.amp == "bf16"
+    if map_files is None:
+        map_files = {"shm": False, "mmap": True, "auto": None}[cfg.features_on]
+    return load_graph(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec,
+                      feature_dtype=torch.bfloat16 if bf16 else torch.float32,
+                      cache_dir=None if cfg.no_cache else (cfg.cache_dir or default_cache_dir()),
+                      map_files=map_files, log=lambda line: print(line, flush=True))
 
 
 def load_dataset(
@@ -93,6 +102,7 @@ def load_dataset(
     *,
     seed: int = 0,
     synthetic: Optional[SyntheticSpec] = None,
+    cache_dir: str | Path | None = None,
 ) -> Data:
     """Loads a node-classification dataset as a PyG ``Data``.
 
@@ -108,6 +118,8 @@ def load_dataset(
             Reddit).
         seed: Seed of the synthetic graph.
         synthetic: Size of the synthetic graph; used only when ``name`` is ``synthetic``.
+        cache_dir: Keep the converted graph there (:mod:`pyg_mgpu.data.cache`): later calls
+            read it back instead of converting again. None: no cache.
 
     Returns:
         A validated ``Data`` with ``x``, ``y``, ``edge_index`` (int64, sorted by destination),
@@ -119,7 +131,8 @@ def load_dataset(
         DatasetError: for an unknown name, missing files that could not be downloaded, or a
             file whose contents are wrong (the message says which and what to do).
     """
-    return load_graph(name, root, seed=seed, synthetic=synthetic).to_data()
+    return load_graph(name, root, seed=seed, synthetic=synthetic, cache_dir=cache_dir,
+                      log=lambda line: print(line, file=sys.stderr)).to_data()
 
 
 def load_graph(
@@ -128,8 +141,13 @@ def load_graph(
     *,
     seed: int = 0,
     synthetic: Optional[SyntheticSpec] = None,
+    feature_dtype: torch.dtype = torch.float32,
+    cache_dir: str | Path | None = None,
+    map_files: Optional[bool] = False,
+    log: Optional[Callable[[str], None]] = None,
 ) -> GraphStore:
-    """Loads a dataset and converts it to the training layout.
+    """Loads a dataset and converts it to the training layout (or reads the converted graph
+    from the cache).
 
     Args:
         name: One of :data:`DATASETS` (case-insensitive), or a path ending in ``.npz``.
@@ -141,6 +159,12 @@ def load_graph(
             by ``$PYG_MGPU_CACHE`` (default ``~/.cache/pyg_mgpu``) instead.
         seed: Seed of the synthetic graph.
         synthetic: Size of the synthetic graph; used only when ``name`` is ``synthetic``.
+        feature_dtype: The features' dtype (float32, or bfloat16 for bf16 runs).
+        cache_dir: Where converted graphs are kept (:mod:`pyg_mgpu.data.cache`); None converts
+            every time.
+        map_files: With a cache: map its files (True), read them into shared memory (False),
+            or map only when ``/dev/shm`` is too small for the graph (None).
+        log: Receives the cache's one-line notices (hit, built, stale or corrupt: rebuilt).
 
     Returns:
         The validated graph in CSC form with features, labels and split indices.
@@ -151,18 +175,65 @@ def load_graph(
     """
     name = str(name)
     if name.endswith(".npz"):
-        return _load_npz(Path(name))
-    key = {n.lower(): n for n in DATASETS}.get(name.lower())
+        key = None
+    else:
+        key = {n.lower(): n for n in DATASETS}.get(name.lower())
+        if key is None:
+            raise DatasetError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, "
+                               "or a path ending in .npz.")
+    spec = synthetic or SyntheticSpec()
+
+    def build() -> GraphStore:
+        graph = _convert(key, name, root, seed, spec)
+        if graph.x.dtype != feature_dtype:
+            graph.x = graph.x.to(feature_dtype)
+        return graph
+
+    if cache_dir is None:
+        if map_files:
+            raise ValueError("map_files=True maps the graph cache's files; pass cache_dir.")
+        return build()
+    identity, label, sources = _cache_identity(key, name, root, seed, spec)
+    identity["feature_dtype"] = str(feature_dtype)
+    return load_cached(cache_folder(Path(cache_dir), label, identity), identity, sources,
+                       build, map_files, log)
+
+
+def _convert(key: Optional[str], name: str, root: str | Path | None, seed: int,
+             spec: SyntheticSpec) -> GraphStore:
     if key is None:
-        raise DatasetError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, "
-                           "or a path ending in .npz.")
+        return _load_npz(Path(name))
     if key == "synthetic":
-        return make_synthetic(synthetic or SyntheticSpec(), seed)
+        return make_synthetic(spec, seed)
     if key in _PLANETOID:
         return _load_planetoid(_PLANETOID[key], Path(root or DEFAULT_ROOT))
     if key == "reddit":
         return _load_reddit(Path(root or DEFAULT_ROOT / "reddit"))
     return _load_ogb(key, Path(root or DEFAULT_ROOT))
+
+
+def _cache_identity(key: Optional[str], name: str, root: str | Path | None, seed: int,
+                    spec: SyntheticSpec) -> tuple[dict, str, Callable[[], list[Path]]]:
+    """What a cached graph is (the key's configuration part), a folder label, and its source
+    files (a function: a download may create them)."""
+    if key is None:
+        path = Path(name).resolve()
+        return {"npz": str(path)}, path.stem, lambda: [path]
+    if key == "synthetic":
+        return ({"synthetic": dataclasses.asdict(spec), "seed": seed},
+                f"synthetic-{spec.num_nodes}", lambda: [])
+    if key in _PLANETOID:
+        folder = Path(root or DEFAULT_ROOT).resolve() / _PLANETOID[key] / "raw"
+    elif key == "reddit":
+        folder = Path(root or DEFAULT_ROOT / "reddit").resolve() / "raw"
+    else:
+        folder = Path(root or DEFAULT_ROOT).resolve() / key.replace("-", "_")
+
+    def sources() -> list[Path]:
+        # OGB's split/ files sit beside raw/; its processed/ and the libraries' are outputs.
+        return [p for p in folder.rglob("*") if p.is_file() and "processed" not in p.parts]
+
+    return {"dataset": key, "root": str(folder)}, key, sources
 
 
 def _load_planetoid(name: str, root: Path) -> GraphStore:
@@ -342,40 +413,45 @@ def _mirror(root: Path, folder: Path) -> Path:
 
 
 def _load_npz(path: Path) -> GraphStore:
+    """Reads a ``.npz`` graph without loading its edge list whole: the conversion streams
+    ``edge_index`` from the file and the features go straight into their final float32 tensor,
+    so the peak is the converted graph plus a few chunks (not an int64 copy of the edges)."""
     def error(problem: str) -> DatasetError:
         return DatasetError(f"{path}: {problem}. The file must contain {_NPZ_CONTENTS}.")
 
     if not path.is_file():
         raise error("no such file")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files if k in NPZ_KEYS + ("num_classes",)}
+        members = {k: NpzArray(path, info) for k, info in npz_members(path).items()
+                   if k in NPZ_KEYS + ("num_classes",)}
+        missing = [k for k in NPZ_KEYS if k not in members]
+        if missing:
+            raise error(f"missing key(s) {', '.join(missing)}")
+        small = {k: torch.from_numpy(members[k].read_all()) for k in ("y",) + SPLITS}
+        num_classes = members["num_classes"].read_all() if "num_classes" in members else None
+        for key in ("edge_index",) + SPLITS:
+            if not np.issubdtype(members[key].dtype, np.integer):
+                raise error(f"{key} must hold integer node ids, got dtype {members[key].dtype}")
+        edges, features = members["edge_index"], members["x"]
+        if len(edges.shape) != 2 or edges.shape[0] != 2:
+            raise error(f"edge_index must have shape [2, num_edges], got {edges.shape}")
+        if len(features.shape) != 2 or features.shape[0] == 0:
+            raise error(f"features x must be a non-empty [num_nodes, num_features] matrix, got "
+                        f"shape {features.shape}")
+        x = features.read_into(torch.empty(features.shape, dtype=torch.float32))
+        if num_classes is not None:
+            if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):
+                raise error(f"num_classes must be one integer, got {num_classes!r}")
+            num_classes = int(num_classes)
+        # Named by the full path, validation messages say which file is wrong.
+        store = GraphStore.from_edge_chunks(str(path), edges.edge_chunks(), x, small["y"],
+                                            *(small[k] for k in SPLITS),
+                                            num_classes=num_classes)
+    except DatasetError as err:
+        if "must contain" in str(err):
+            raise
+        raise DatasetError(f"{err} The file must contain {_NPZ_CONTENTS}.") from None
     except (zipfile.BadZipFile, EOFError, ValueError, OSError, zlib.error) as err:
         raise error(f"cannot read it as .npz ({type(err).__name__}: {err}); the file may be "
                     "truncated or corrupt") from err
-    missing = [k for k in NPZ_KEYS if k not in arrays]
-    if missing:
-        raise error(f"missing key(s) {', '.join(missing)}")
-    for key in ("edge_index",) + SPLITS:
-        if not np.issubdtype(arrays[key].dtype, np.integer):
-            raise error(f"{key} must hold integer node ids, got dtype {arrays[key].dtype}")
-    num_classes = arrays.get("num_classes")
-    if num_classes is not None:
-        if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):
-            raise error(f"num_classes must be one integer, got {num_classes!r}")
-        num_classes = int(num_classes)
-    try:
-        # Named by the full path, validation messages say which file is wrong.
-        store = GraphStore.from_edge_index(
-            name=str(path),
-            edge_index=torch.from_numpy(arrays["edge_index"]),
-            x=torch.from_numpy(arrays["x"]),
-            y=torch.from_numpy(arrays["y"]),
-            train_idx=torch.from_numpy(arrays["train_idx"]),
-            val_idx=torch.from_numpy(arrays["val_idx"]),
-            test_idx=torch.from_numpy(arrays["test_idx"]),
-            num_classes=num_classes,
-        )
-    except DatasetError as err:
-        raise DatasetError(f"{err} The file must contain {_NPZ_CONTENTS}.") from None
     return dataclasses.replace(store, name=path.stem)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -31,6 +31,48 @@ SPLITS = ("train_idx", "val_idx", "test_idx")
 NPZ_KEYS = ("edge_index", "x", "y") + SPLITS
 
 
+def check_shm_room(name: str, need: int, shm_dir: str = "/dev/shm") -> None:
+    """Raises :class:`DatasetError` when ``shm_dir`` cannot take ``need`` more bytes (writing
+    past a full tmpfs kills the process with SIGBUS instead of raising)."""
+    if os.path.isdir(shm_dir):
+        free = shutil.disk_usage(shm_dir).free
+        if free < need:
+            raise DatasetError(
+                f"{name}: shared memory ({shm_dir}) has {free / 2**20:.0f} MiB free but the "
+                f"graph needs {need / 2**20:.0f} MiB; enlarge it (e.g. docker run --shm-size, "
+                "or mount -o remount,size=... /dev/shm), or let the ranks map the graph "
+                "cache's files instead (--features-on mmap).")
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """A tensor stored raw in a file (the graph cache's layout): path, dtype name, shape."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def open(self) -> Tensor:
+        """Maps the file copy-on-write: nothing is read until touched, and every process
+        mapping it shares the page cache's pages."""
+        if self.numel == 0:
+            return torch.empty(self.shape, dtype=getattr(torch, self.dtype))
+        return torch.from_file(self.path, shared=False, size=self.numel,
+                               dtype=getattr(torch, self.dtype)).view(self.shape)
+
+    def read_shared(self) -> Tensor:
+        """Reads the file into a new shared-memory tensor."""
+        t = torch.empty(self.shape, dtype=getattr(torch, self.dtype)).share_memory_()
+        if self.numel:
+            with open(self.path, "rb") as f:
+                f.readinto(t.view(-1).view(torch.uint8).numpy())
+        return t
+
+
 @dataclass
 class GraphStore:
     """A node-classification graph in the layout the samplers and trainers use.
@@ -45,6 +87,8 @@ class GraphStore:
         y: ``[N]`` int64 labels in ``[0, num_classes)``.
         train_idx, val_idx, test_idx: int64 node ids of each split (disjoint).
         num_classes: Number of label classes.
+        mapped: The tensors that are mapped files of the graph cache, by attribute name (see
+            :mod:`pyg_mgpu.data.cache`): ranks map the same files instead of receiving copies.
     """
 
     name: str
@@ -56,6 +100,20 @@ class GraphStore:
     val_idx: Tensor
     test_idx: Tensor
     num_classes: int
+    mapped: dict[str, MappedFile] = field(default_factory=dict, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        # A mapped tensor travels to another process as its file, which the receiver maps
+        # (torch would copy its pages into a new shared-memory segment instead).
+        state = dict(self.__dict__)
+        for name, mapped in self.mapped.items():
+            state[name] = mapped
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name, mapped in state["mapped"].items():
+            state[name] = mapped.open()
+        self.__dict__.update(state)
 
     @property
     def num_nodes(self) -> int:
@@ -84,17 +142,13 @@ class GraphStore:
             DatasetError: when ``shm_dir`` cannot hold the graph or file descriptors run out,
                 with what to change (the torch error alone names neither).
         """
-        need = self.nbytes()
-        if os.path.isdir(shm_dir):
-            free = shutil.disk_usage(shm_dir).free
-            if free < need:
-                raise DatasetError(
-                    f"{self.name}: shared memory ({shm_dir}) has {free / 2**20:.0f} MiB free but "
-                    f"the graph needs {need / 2**20:.0f} MiB; enlarge it (e.g. docker run "
-                    "--shm-size, or mount -o remount,size=... /dev/shm) or use a smaller dataset.")
+        need = sum(t.numel() * t.element_size() for name, t in self.tensors().items()
+                   if name not in self.mapped)  # mapped files stay where they are
+        check_shm_room(self.name, need, shm_dir)
         try:
-            for t in self.tensors().values():
-                t.share_memory_()
+            for name, t in self.tensors().items():
+                if name not in self.mapped:
+                    t.share_memory_()
         except RuntimeError as e:
             if "Too many open files" in str(e):
                 raise DatasetError(f"{self.name}: ran out of file descriptors while sharing the "
@@ -106,7 +160,9 @@ class GraphStore:
         return self
 
     def is_shared(self) -> bool:
-        return all(t.is_shared() for t in self.tensors().values())
+        """Whether other processes receive this graph without a copy (shared memory or
+        mapped files)."""
+        return all(t.is_shared() or name in self.mapped for name, t in self.tensors().items())
 
     def in_degree(self) -> Tensor:
         return self.colptr[1:] - self.colptr[:-1]

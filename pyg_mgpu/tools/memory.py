@@ -94,9 +94,19 @@ class PssPeaks:
     per_process: dict[int, int] = field(default_factory=dict)  # each pid's own peak PSS
     names: dict[int, str] = field(default_factory=dict)
     samples: int = 0
+    # Before the first child process appears, the command is loading its data: this is the
+    # load-time peak (the CLI's parent converting and sharing the graph, before any rank).
+    load_total: int = 0
+    load_at_s: float = 0.0
+    loading: bool = True
 
     def update(self, sample: dict[int, dict[str, int]], t: float) -> None:
         self.samples += 1
+        self.loading = self.loading and len(sample) <= 1
+        if self.loading:
+            total = sum(parts["pss"] for parts in sample.values())
+            if total > self.load_total:
+                self.load_total, self.load_at_s = total, t
         for pid, parts in sample.items():
             if pid not in self.names:
                 self.names[pid] = _describe(pid)
@@ -115,6 +125,8 @@ class PssPeaks:
             "samples": self.samples,
             "peak_total_pss_mb": self.total / MB,
             "peak_at_s": self.total_at_s,
+            "load_peak_pss_mb": self.load_total / MB,
+            "load_peak_at_s": self.load_at_s,
             "split_at_total_peak": _mb(split),
             "num_processes": len(self.per_process),
             "processes": [{"pid": pid, "command": self.names[pid], "peak_pss_mb": size / MB,
@@ -197,9 +209,12 @@ def _print_summary(report: dict) -> None:
     for proc in report["processes"]:
         print(f"  pid {proc['pid']:>7}  own peak {proc['peak_pss_mb']:8.1f} MB  at total peak "
               f"{_split_text(proc['at_total_peak'])}  {proc['command'][:60]}")
+    print(f"memory: load-time peak (before the first child process) "
+          f"{report['load_peak_pss_mb']:.1f} MB at {report['load_peak_at_s']:.1f}s")
     if report["dataset_bytes"] is not None:
         print(f"memory: dataset {report['dataset_bytes'] / MB:.1f} MB; peak total PSS / dataset "
-              f"= {report['peak_total_pss_per_dataset']:.2f}")
+              f"= {report['peak_total_pss_per_dataset']:.2f}; load-time peak / dataset = "
+              f"{report['load_peak_pss_per_dataset']:.2f}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -240,6 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "run_dir": str(run_dir) if run_dir else None,
         "dataset_bytes": dataset_bytes,
         "peak_total_pss_per_dataset": peaks.total / dataset_bytes if dataset_bytes else None,
+        "load_peak_pss_per_dataset": (peaks.load_total / dataset_bytes
+                                      if dataset_bytes else None),
     }
     _print_summary(report)
     if out and out.parent.is_dir():

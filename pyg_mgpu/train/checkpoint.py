@@ -68,8 +68,9 @@ def check_resumable(cfg, world_size: int) -> dict:
     saved = ckpt["config"]
     defaults = type(cfg)()  # settings newer than the checkpoint: it was trained with defaults
     for key in cfg.RESUME_MUST_MATCH:
-        now = list(getattr(cfg, key)) if key == "fanout" else getattr(cfg, key)
-        before = saved.get(key, getattr(defaults, key))
+        now, before = getattr(cfg, key), saved.get(key, getattr(defaults, key))
+        if isinstance(now, tuple):  # fanout, split_fractions: lists once saved
+            now, before = list(now), list(before)
         if before != now:
             raise ValueError(f"--resume {cfg.resume}: the checkpoint was trained with "
                              f"{key}={before!r} but this run asks for {now!r}; use the "

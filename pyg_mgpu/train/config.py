@@ -21,6 +21,10 @@ BACKENDS = ("auto", "nccl", "gloo")
 RECIPES = ("pyg_mgpu", "pyg")
 # "sage": our GraphSAGE (the fast path above); the others are PyG's models (nn/models.py).
 MODELS = ("sage", "gcn", "gat", "gin")
+# Where the graph lives for the ranks: copied to /dev/shm, or left in the graph cache's files
+# (mapped: the kernel may page it out, so it need not fit in RAM); auto maps when /dev/shm is
+# too small for it.
+FEATURES_ON = ("auto", "shm", "mmap")
 
 
 @dataclass
@@ -59,11 +63,15 @@ class TrainConfig:
     recipe: str = "pyg_mgpu"
     profile: bool = False
     debug: bool = False
+    cache_dir: Optional[str] = None  # None: $PYG_MGPU_CACHE/graphs or ~/.cache/pyg_mgpu/graphs
+    no_cache: bool = False
+    features_on: str = "auto"
     # Size of the embedded synthetic dataset (ignored by the others).
     num_nodes: int = 50_000
     num_edges: int = 1_000_000
     num_features: int = 64
     num_classes: int = 16
+    split_fractions: tuple[float, float, float] = (0.5, 0.1, 0.2)  # train, val, test
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,10 +100,19 @@ class TrainConfig:
         choices = {"--eval-on": (self.eval_on, EVAL_MODES), "--sampler": (self.sampler, SAMPLERS),
                    "--amp": (self.amp, AMP_MODES), "--inference": (self.inference, INFERENCE_MODES),
                    "--backend": (self.backend, BACKENDS), "--recipe": (self.recipe, RECIPES),
-                   "--model": (self.model, MODELS)}
+                   "--model": (self.model, MODELS), "--features-on": (self.features_on, FEATURES_ON)}
         for flag, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}.")
+        if self.features_on == "mmap" and self.no_cache:
+            raise ConfigError("--features-on mmap maps the graph cache's files, which --no-cache "
+                              "turns off; drop one of the two.")
+        self.split_fractions = tuple(float(f) for f in self.split_fractions)
+        if (len(self.split_fractions) != 3 or min(self.split_fractions) <= 0
+                or sum(self.split_fractions) > 1):
+            raise ConfigError("--split-fractions takes three positive shares of the nodes "
+                              "(train,val,test) summing to at most 1, e.g. 0.5,0.1,0.2; got "
+                              f"{','.join(map(str, self.split_fractions))}.")
         if self.backend == "nccl" and self.devices.strip().lower() == "cpu":
             raise ConfigError("--backend nccl needs GPU ranks (--devices cuda...); CPU ranks "
                               "use gloo (--backend auto or gloo).")
@@ -139,7 +156,7 @@ class TrainConfig:
     # Fields a resumed run must share with the checkpoint, or it would not continue the same run.
     RESUME_MUST_MATCH = ("dataset", "model", "heads", "fanout", "hidden", "batch_size", "seed",
                          "recipe", "lr", "weight_decay", "dropout", "num_nodes", "num_edges",
-                         "num_features", "num_classes")
+                         "num_features", "num_classes", "split_fractions")
 
     def to_dict(self) -> dict:
         d = asdict(self)

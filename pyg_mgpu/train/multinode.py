@@ -1,15 +1,15 @@
 """Running as one rank of a ``torchrun`` job (one or many machines).
 
 torchrun starts every process itself, so there is no parent to load the graph for its ranks.
-Instead, local rank 0 of each machine loads the dataset and writes it once to ``/dev/shm``; every
-rank on that machine (itself included) then memory-maps that file, so a machine holds one copy of
-the graph however many ranks it runs. The file is unlinked as soon as everyone has mapped it.
+Instead, local rank 0 of each machine loads the dataset once (into the graph cache, or with
+``--no-cache`` into a ``/dev/shm`` file unlinked as soon as everyone has mapped it); every rank on
+that machine (itself included) then memory-maps those files, so a machine holds one copy of the
+graph however many ranks it runs.
 """
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -31,13 +31,22 @@ def _shm_path() -> Path:
 
 
 def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore:
-    """Local rank 0 loads and publishes the graph; every local rank maps the published file."""
+    """Local rank 0 loads the graph once; every local rank then maps one copy of it.
+
+    With the graph cache (the default), local rank 0 converts or checks it and every rank maps
+    the cache files, sharing their pages through the page cache. With ``--no-cache``, local
+    rank 0 writes the graph to a ``/dev/shm`` file that every rank maps.
+    """
+    if not cfg.no_cache:
+        graph = load_configured(cfg, map_files=True) if ctx.local_rank == 0 else None
+        dist.barrier()
+        return graph or load_configured(cfg, map_files=True)
     path = _shm_path()
     if ctx.local_rank == 0:
         graph = load_configured(cfg)
-        state = {f.name: getattr(graph, f.name) for f in fields(graph)}
-        save_torch(state, path)
-        del graph, state
+        save_torch(graph.tensors() | {"name": graph.name, "num_classes": graph.num_classes},
+                   path)
+        del graph
     dist.barrier()
     try:
         state = torch.load(path, mmap=True, weights_only=True)

@@ -1,0 +1,200 @@
+"""The converted-graph cache: a dataset is converted once; later runs read or map the result.
+
+Converting a large edge list to CSC is most of a load (and the moment of peak memory). The first
+run therefore writes the converted :class:`GraphStore` to a folder in a raw layout, one file per
+tensor plus ``meta.json``::
+
+    <cache_dir>/<dataset>-<id>/meta.json     format, key, name, num_classes, dtype and shape
+                               colptr.bin    of each tensor
+                               row.bin ...   the tensor's bytes, nothing else
+
+Later runs with the same key read it back: copied into shared memory, or memory-mapped
+(``map_files``), when ranks share the pages through the page cache and the graph need not
+fit in ``/dev/shm``. The key covers the source files (path, size, modification time) and the
+conversion options, so a changed source makes the cache stale; a stale, truncated or unreadable
+cache is rebuilt, with one line saying why. A new cache is written to a temporary folder and
+renamed into place, so a crash mid-write never leaves a cache that looks complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from pyg_mgpu.data.graph import GraphStore, MappedFile, check_shm_room
+
+FORMAT = 1  # bump when the layout or the conversion changes: every older cache goes stale
+META = "meta.json"
+CACHE_ENV = "PYG_MGPU_CACHE"
+
+
+class CacheInvalid(Exception):
+    """The cache folder cannot be used; the message says why (for the one-line notice)."""
+
+
+def default_cache_dir() -> Path:
+    """``$PYG_MGPU_CACHE/graphs``, default ``~/.cache/pyg_mgpu/graphs``."""
+    base = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "pyg_mgpu"
+    return Path(base) / "graphs"
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_folder(cache_dir: Path, label: str, identity: dict) -> Path:
+    """The folder of one dataset configuration (``identity``: what the data is, e.g. name,
+    root, seed and dtype): its own folder, so configurations never evict each other."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:40]
+    return Path(cache_dir) / f"{safe}-{_digest(identity)[:12]}"
+
+
+def source_key(identity: dict, sources: Iterable[Path]) -> str:
+    """The cache key: the configuration, the format and each source file's path, size and
+    modification time (a content hash would read every byte of a many-GB dataset per run)."""
+    stats = []
+    for path in sorted(Path(p) for p in sources):
+        if path.is_file():
+            st = path.stat()
+            stats.append([str(path.resolve()), st.st_size, st.st_mtime_ns])
+    return _digest({"format": FORMAT, "identity": identity, "sources": stats})
+
+
+def save_store(graph: GraphStore, folder: Path, key: str) -> None:
+    """Writes ``graph`` to ``folder`` atomically (temporary folder, then rename)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Host and pid in the name: ranks of several machines may share a cache folder (NFS).
+    writer = f"{socket.gethostname()}-{os.getpid()}"
+    tmp = folder.with_name(f"{folder.name}.tmp-{writer}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    tensors = {}
+    for name, t in graph.tensors().items():
+        t = t.detach().cpu().contiguous()
+        with open(tmp / f"{name}.bin", "wb") as f:
+            # A uint8 view writes any dtype (numpy has no bfloat16).
+            f.write(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+        tensors[name] = {"dtype": str(t.dtype).removeprefix("torch."),
+                         "shape": list(t.shape), "bytes": t.numel() * t.element_size()}
+    meta = {"format": FORMAT, "key": key, "name": graph.name, "num_classes": graph.num_classes,
+            "tensors": tensors, "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (tmp / META).write_text(json.dumps(meta, indent=1))
+    old = folder.with_name(f"{folder.name}.old-{writer}")
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def open_store(folder: Path, key: str, map_files: bool = False) -> GraphStore:
+    """Reads the cached graph in ``folder``.
+
+    ``map_files=True`` maps each tensor's file (pages are read on first touch and shared with
+    every process mapping the same file); otherwise the tensors are read into shared memory
+    (where ranks would need them anyway, so nothing is copied twice).
+
+    Raises:
+        CacheInvalid: the folder is missing, stale (another key), or truncated or corrupt.
+    """
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / META).read_text())
+    except FileNotFoundError:
+        raise CacheInvalid("not built yet") from None
+    except (OSError, ValueError) as err:
+        raise CacheInvalid(f"its {META} is unreadable ({type(err).__name__})") from None
+    if meta.get("format") != FORMAT or meta.get("key") != key:
+        raise CacheInvalid("stale (the source files or conversion options changed)")
+    if not map_files:
+        check_shm_room(str(meta.get("name")), _cached_bytes(folder))
+    tensors = {}
+    try:
+        for name, spec in meta["tensors"].items():
+            path = folder / f"{name}.bin"
+            size = path.stat().st_size if path.exists() else None
+            if size != spec["bytes"]:
+                raise CacheInvalid(f"corrupt ({path.name} holds {size} bytes, {META} says "
+                                   f"{spec['bytes']})")
+            mapped = MappedFile(str(path), spec["dtype"], tuple(spec["shape"]))
+            tensors[name] = mapped.open() if map_files else mapped.read_shared()
+        graph = GraphStore(name=meta["name"], num_classes=int(meta["num_classes"]), **tensors)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise CacheInvalid(f"corrupt ({META}: {type(err).__name__}: {err})") from None
+    if map_files:
+        graph.mapped = {name: MappedFile(str(folder / f"{name}.bin"), spec["dtype"],
+                                         tuple(spec["shape"]))
+                        for name, spec in meta["tensors"].items()}
+    _check_structure(graph)
+    return graph
+
+
+def _check_structure(graph: GraphStore) -> None:
+    """Cheap checks (pointers only) that catch a cache overwritten in place."""
+    colptr = graph.colptr
+    if colptr.numel() < 2 or int(colptr[0]) != 0 or int(colptr[-1]) != graph.num_edges:
+        raise CacheInvalid(f"corrupt (its CSC pointers end at {int(colptr[-1])}, but it holds "
+                           f"{graph.num_edges} edges)")
+    if graph.x.size(0) != graph.num_nodes or graph.y.numel() != graph.num_nodes:
+        raise CacheInvalid("corrupt (features, labels and pointers disagree on the node count)")
+
+
+def load_cached(folder: Path, identity: dict, sources: Callable[[], Iterable[Path]],
+                build: Callable[[], GraphStore], map_files: Optional[bool] = False,
+                log: Optional[Callable[[str], None]] = None) -> GraphStore:
+    """The graph cached in ``folder``, or ``build()``'s, written there first.
+
+    Args:
+        identity: What the data is (name, root, seed, options), for the key.
+        sources: The source files now (called again after ``build``, which may download them).
+        map_files: Map the files (True), read them into shared memory (False), or map only
+            when ``/dev/shm`` has too little room for the graph (None).
+        log: Receives one line: the cache hit, or why the cache was (re)built.
+    """
+    log = log or (lambda message: None)
+    try:
+        graph = open_store(folder, source_key(identity, sources()),
+                           _should_map(map_files, _cached_bytes(folder)))
+        log(f"graph cache: read {folder}" + (" (mapped)" if graph.mapped else ""))
+        return graph
+    except CacheInvalid as err:
+        reason = str(err)
+    start = time.perf_counter()
+    graph = build()
+    key = source_key(identity, sources())
+    try:
+        save_store(graph, folder, key)
+    except OSError as err:  # a full or read-only disk costs the cache, not the run
+        log(f"graph cache: could not write {folder} ({err.strerror}); continuing without it")
+        return graph
+    took = time.perf_counter() - start
+    log(f"graph cache: converted and wrote {folder} in {took:.1f}s" if reason == "not built yet"
+        else f"graph cache: {folder} was {reason}; rebuilt it in {took:.1f}s")
+    map_files = _should_map(map_files, graph.nbytes())
+    del graph  # the converted copy goes before the files that replace it are read or mapped
+    return open_store(folder, key, map_files)
+
+
+def _cached_bytes(folder: Path) -> int:
+    try:
+        meta = json.loads((Path(folder) / META).read_text())
+        return sum(int(spec["bytes"]) for spec in meta["tensors"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0
+
+
+def _should_map(map_files: Optional[bool], nbytes: int, shm_dir: str = "/dev/shm") -> bool:
+    """``map_files``, or for None (auto): map when ``shm_dir`` cannot hold the graph with a
+    tenth to spare (shared memory is RAM the kernel cannot evict; mapped pages it can)."""
+    if map_files is not None:
+        return map_files
+    if not os.path.isdir(shm_dir):
+        return False
+    return shutil.disk_usage(shm_dir).free < nbytes * 1.1
