@@ -2,7 +2,7 @@
 # Issue 15's GPU suite: everything to measure on a lent GPU, in two commands.
 #
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT quick   # ~12 min: versions, pytest -m gpu,
-#                                                          # GPU sampler 1M/2.4M, 8 CLI variants,
+#                                                          # GPU sampler 1M/2.4M, 9 CLI variants,
 #                                                          # 2 gloo ranks on one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full    # ~12 min: products-scale training bench
 #                                                          # with nvidia-smi sampling
@@ -110,10 +110,12 @@ print(\"torch_geometric\", g.__version__)'; git log --oneline -1"
       --num-nodes "$2" --num-edges "$3" --fanout 15,10,5 --batch-size 1024 --batches 30 \
       --out "$OUT/sampler_$1"
   done
-  # The 8 end-to-end variants, 1 rank with NCCL (ranks: cuda:0), same graph and seed:
+  # The 9 end-to-end variants, 1 rank with NCCL (ranks: cuda:0), same graph and seed:
   # compare test_acc across them in summary.md (bf16/compile may differ by noise only).
   train graph_gpu 240 --devices "$DEV" --graph-on gpu
   train graph_cpu_cache 240 --devices "$DEV" --graph-on cpu --feature-cache-gb 0.02
+  train graph_cpu_mmap 240 --devices "$DEV" --graph-on cpu --features-on mmap \
+    --feature-cache-gb 0.02
   train amp_bf16 240 --devices "$DEV" --amp bf16
   train compile 300 --devices "$DEV" --compile
   train prefetch2 240 --devices "$DEV" --prefetch 2

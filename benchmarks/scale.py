@@ -9,7 +9,8 @@ the streaming conversion as the baseline, run in the same script).
 Every run is the CLI under ``python -m pyg_mgpu.memory`` (2 CPU ranks, fanout 15,10,5, batch
 1024, one epoch). Every epoch trains the same 20,480 seeds whatever the graph's size, so the
 epoch times compare graphs, not split sizes. Writes ``results.json``, ``results.csv`` and
-``scale.png`` to ``--out``.
+``scale.png`` to ``--out``, and ``features_ab.json`` (epoch times with /dev/shm against mapped
+features, alternating runs).
 """
 from __future__ import annotations
 
@@ -41,13 +42,14 @@ def run(name: str, cli: list[str], work: Path, python_path: Path = REPO) -> dict
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     # The meter is always this checkout's; the measured CLI may be the baseline's.
-    command = [sys.executable, "-m", "pyg_mgpu.memory", "--interval", "0.1", "--",
+    # (run as a file: "-m" would import the package from the working folder, the baseline's)
+    command = [sys.executable, str(REPO / "pyg_mgpu" / "memory.py"), "--interval", "0.1", "--",
                "env", f"PYTHONPATH={python_path}",
                sys.executable, "-m", "pyg_mgpu.distributed_sampling", *cli,
                "--devices", "cpu", "--nprocs", "2", "--fanout", "15,10,5",
                "--batch-size", "1024", "--epochs", "1", "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(command[8:])}", flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(command[7:])}", flush=True)
     proc = subprocess.run(command, env=env, cwd=python_path, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (out / "log.txt").write_text(log)
@@ -60,9 +62,13 @@ def run(name: str, cli: list[str], work: Path, python_path: Path = REPO) -> dict
         "run": name,
         "load_time_s": metrics["load_time_s"],
         "dataset_mb": metrics["dataset_bytes"] / 2**20,
-        "load_peak_mb": memory["load_peak_pss_mb"],
-        "load_peak_per_dataset": memory["load_peak_pss_per_dataset"],
-        "peak_total_mb": memory["peak_total_pss_mb"],
+        # RAM = PSS outside shared memory + /dev/shm growth: counts a /dev/shm copy of the
+        # graph before any process maps it (PSS alone would not).
+        "load_peak_mb": memory["load_peak_ram_mb"],
+        "load_peak_per_dataset": memory["load_peak_ram_per_dataset"],
+        "load_peak_pss_mb": memory["load_peak_pss_mb"],
+        "peak_total_mb": memory["peak_ram_mb"],
+        "peak_total_pss_mb": memory["peak_total_pss_mb"],
         "rank_peak_mb": max(p["peak_pss_mb"] for p in ranks) if ranks else None,
         "epoch_time_s": metrics["epochs"][0]["epoch_time_s"],
         "cache": next((line for line in log.splitlines()
@@ -73,18 +79,51 @@ def run(name: str, cli: list[str], work: Path, python_path: Path = REPO) -> dict
     return row
 
 
+def features_ab(npz: Path, work: Path, cache: Path, repeats: int = 2) -> dict:
+    """Epoch time with features in /dev/shm against mapped from the cache, warm page cache:
+    the two alternate, ``repeats`` runs of 2 epochs each, without the meter."""
+    times = {"shm": [], "mmap": []}
+    for _ in range(repeats):
+        for mode in times:
+            out = work / "runs" / f"ab-{mode}"
+            shutil.rmtree(out, ignore_errors=True)
+            cli = [sys.executable, "-m", "pyg_mgpu.distributed_sampling", "--dataset", str(npz),
+                   "--cache-dir", str(cache), "--features-on", mode, "--devices", "cpu",
+                   "--nprocs", "2", "--fanout", "15,10,5", "--batch-size", "1024",
+                   "--epochs", "2", "--out", str(out)]
+            subprocess.run(cli, check=True, capture_output=True, cwd=REPO,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
+            epochs = json.loads((out / "metrics.json").read_text())["epochs"]
+            times[mode] += [e["epoch_time_s"] for e in epochs]
+    mean = {mode: sum(t) / len(t) for mode, t in times.items()}
+    result = {"epoch_times_s": times, "mean_s": mean, "mmap_over_shm": mean["mmap"] / mean["shm"]}
+    print(f"features shm vs mmap: {json.dumps(result)}", flush=True)
+    return result
+
+
 def products_npz(work: Path) -> Path:
     """The products-like graph as an .npz file (written once; not part of any measurement)."""
     path = work / "products_like.npz"
     if not path.exists():
         sys.path.insert(0, str(REPO))
+        import numpy as np
+        import torch
+
         from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
         nodes, edges, features = SIZES["2.4M"]
         spec = SyntheticSpec(num_nodes=nodes, num_edges=edges, num_features=features,
                              num_classes=47, train_fraction=SEEDS / nodes,
                              val_fraction=EVAL_NODES / nodes, test_fraction=EVAL_NODES / nodes)
         print(f"writing {path}", flush=True)
-        make_synthetic(spec, seed=0).save_npz(path)
+        graph = make_synthetic(spec, seed=0)
+        # Edges in random order, as a user's edge list comes (save_npz would write them
+        # grouped by destination, which lets any conversion skip its sort).
+        edge_index = graph.edge_index()
+        edge_index = edge_index[:, torch.randperm(graph.num_edges,
+                                                  generator=torch.Generator().manual_seed(0))]
+        np.savez(path, edge_index=edge_index.numpy(), x=graph.x.numpy(), y=graph.y.numpy(),
+                 train_idx=graph.train_idx.numpy(), val_idx=graph.val_idx.numpy(),
+                 test_idx=graph.test_idx.numpy(), num_classes=np.int64(graph.num_classes))
     return path
 
 
@@ -110,8 +149,9 @@ def plot(rows: list[dict], out: Path) -> None:
                      for r in sized], "o-", label="load peak, first run")
     mem.plot(nodes, [r["load_peak_mb"] / 1024 for r in sized], "s-", label="load peak, cached")
     mem.plot(nodes, [r["peak_total_mb"] / 1024 for r in sized], "^-",
-             label="peak total PSS (training, 2 ranks)")
-    mem.set(xscale="log", xlabel="nodes", ylabel="GiB", title="Memory")
+             label="peak of the whole run (2 ranks training)")
+    mem.set(xscale="log", xlabel="nodes", ylabel="GiB",
+            title="RAM (PSS outside shm + /dev/shm growth)")
     mem.legend(fontsize=8)
     epoch.plot(nodes, [r["epoch_time_s"] for r in sized], "o-", label="epoch (20,480 seeds)")
     epoch.plot(nodes, [first[r["run"].removesuffix("-cached")]["load_time_s"] for r in sized],
@@ -155,6 +195,8 @@ def main() -> None:
         for mode in ("shm", "mmap"):
             record(run(f"products-cached-{mode}", common + ["--features-on", mode], args.work),
                    nodes=nodes)
+        (args.out / "features_ab.json").write_text(
+            json.dumps(features_ab(npz, args.work, cache), indent=1))
     for size in args.sizes.split(","):
         nodes, edges, features = SIZES[size]
         common = ["--dataset", "synthetic", "--num-nodes", str(nodes), "--num-edges", str(edges),

@@ -229,6 +229,21 @@ def test_cli_gpu_variants(tmp_path, flags):
     assert 0.0 <= metrics["test_acc"] <= 1.0
 
 
+@pytest.mark.parametrize("cache_gb", ["0", "0.001"])
+def test_cli_gathers_features_from_the_mapped_cache_on_the_gpu(tmp_path, cache_gb):
+    # The graph stays in host memory as the cache's mapped files; batches gather rows from
+    # them into pinned memory (every row, or the GPU cache's misses) and copy them over.
+    losses = {}
+    for mode in ("shm", "mmap"):
+        out = tmp_path / mode
+        assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--graph-on", "cpu",
+                            "--feature-cache-gb", cache_gb, "--features-on", mode,
+                            "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]) == 0
+        losses[mode] = [e["train_loss"] for e in
+                        json.loads((out / "metrics.json").read_text())["epochs"]]
+    assert losses["shm"] == losses["mmap"]
+
+
 def test_cli_resume_on_the_gpu(tmp_path):
     assert main(TINY + ["--epochs", "1", "--devices", "cuda:0", "--out", str(tmp_path)]) == 0
     assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--resume", str(tmp_path)]) == 0

@@ -116,8 +116,8 @@ def test_npz_truncated_inside_the_edges_is_a_clear_error(tmp_path):
 
 # The cache.
 
-def load_npz_cached(path, cache_dir, lines, map_files=False):
-    return load_graph(str(path), cache_dir=cache_dir, map_files=map_files, log=lines.append)
+def load_npz_cached(path, cache_dir, lines, placement="tensors"):
+    return load_graph(str(path), cache_dir=cache_dir, placement=placement, log=lines.append)
 
 
 def test_cache_hit_reads_without_converting(tmp_path, monkeypatch):
@@ -127,14 +127,37 @@ def test_cache_hit_reads_without_converting(tmp_path, monkeypatch):
     first = load_npz_cached(path, tmp_path / "cache", lines)
     assert "converted and wrote" in lines[-1]
     monkeypatch.setattr(datasets, "_load_npz", lambda p: pytest.fail("converted again"))
-    for map_files in (False, True):
-        again = load_npz_cached(path, tmp_path / "cache", lines, map_files)
-        assert lines[-1].startswith("graph cache: read") and ("(mapped)" in lines[-1]) == map_files
+    where = {"tensors": "in shared memory", "shm": "copied to /dev/shm", "mmap": "mapped"}
+    for placement, said in where.items():
+        again = load_npz_cached(path, tmp_path / "cache", lines, placement)
+        assert lines[-1].startswith("graph cache: read") and lines[-1].endswith(f"({said})")
         assert again.name == first.name == "g" and again.num_classes == first.num_classes
         for key, t in first.tensors().items():
             assert torch.equal(t, again.tensors()[key]) and t.dtype == again.tensors()[key].dtype
-        assert set(again.mapped) == (set(first.tensors()) if map_files else set())
-        assert again.is_shared()
+        mapped = set(again.mapped) if placement != "tensors" else set()
+        assert set(again.mapped) == mapped and again.is_shared()
+        in_shm = bool(again.mapped) and all(f.path.startswith("/dev/shm/")
+                                            for f in again.mapped.values())
+        assert in_shm == (placement == "shm")
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_shm_copies_go_with_the_graph_and_orphans_are_swept(tmp_path):
+    path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=3))
+    load_npz_cached(path, tmp_path / "cache", [])
+    g = load_npz_cached(path, tmp_path / "cache", [], "shm")
+    copies = [f.path for f in g.mapped.values()]
+    assert copies and all(os.path.exists(p) for p in copies)
+    x = g.x.clone()
+    del g
+    assert not any(os.path.exists(p) for p in copies)
+    # A killed process's copies (its pid is gone) are removed by the next shm open.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    orphan = f"/dev/shm/{cache_module.SHM_PREFIX}{dead}-0000-x.bin"
+    open(orphan, "wb").close()
+    g = load_npz_cached(path, tmp_path / "cache", [], "shm")
+    assert not os.path.exists(orphan) and torch.equal(g.x, x)
 
 
 def test_changed_source_makes_the_cache_stale(tmp_path):
@@ -187,14 +210,14 @@ def test_crash_while_writing_leaves_no_cache_that_looks_complete(tmp_path, monke
     g = load_npz_cached(path, tmp_path / "cache", lines)  # the run goes on without a cache
     assert "could not write" in lines[-1] and g.num_edges == SMALL.num_edges
     monkeypatch.undo()
-    assert not any((p / "meta.json").exists() for p in (tmp_path / "cache").iterdir())
+    assert list((tmp_path / "cache").iterdir()) == [], "a partial cache was left behind"
     load_npz_cached(path, tmp_path / "cache", lines)
     assert "converted and wrote" in lines[-1]
 
 
 def test_mapped_graph_reaches_another_process_as_its_files(tmp_path):
     path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=6))
-    g = load_npz_cached(path, tmp_path / "cache", [], map_files=True)
+    g = load_npz_cached(path, tmp_path / "cache", [], "mmap")
     payload = pickle.dumps(g)
     assert len(payload) < 10_000, "a mapped tensor was pickled with its bytes"
     script = ("import pickle, sys, torch; g = pickle.load(sys.stdin.buffer); "

@@ -113,6 +113,30 @@ SHARED = """
 """
 
 
+# 100 MB written into a /dev/shm file that no process maps: PSS never sees it, RAM must.
+UNMAPPED_SHM = """
+    import os, time
+    path = f"/dev/shm/pyg_mgpu-test-{os.getpid()}"
+    block = b"x" * (1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(100):
+            f.write(block)
+    time.sleep(0.6)
+    os.unlink(path)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_unmapped_dev_shm_files_count_in_ram_not_in_pss(tmp_path):
+    if "shmem" not in read_pss(os.getpid()):
+        pytest.skip("this kernel's smaps_rollup has no Pss_Shmem line (Linux < 5.9)")
+    code, report = run_memory(tmp_path, UNMAPPED_SHM)
+    assert code == 0
+    assert report["peak_total_pss_mb"] < 60  # the interpreter alone
+    assert 100 <= report["peak_ram_mb"] < 100 + report["peak_total_pss_mb"] + INTERPRETER_MB
+    assert report["load_peak_ram_mb"] == report["peak_ram_mb"]  # no child: all of it loading
+
+
 def test_shared_pages_are_counted_once_over_descendants(tmp_path):
     code, report = run_memory(tmp_path, SHARED)
     assert code == 0

@@ -8,9 +8,9 @@ tensor plus ``meta.json``::
                                colptr.bin    of each tensor
                                row.bin ...   the tensor's bytes, nothing else
 
-Later runs with the same key read it back: copied into shared memory, or memory-mapped
-(``map_files``), when ranks share the pages through the page cache and the graph need not
-fit in ``/dev/shm``. The key covers the source files (path, size, modification time) and the
+Later runs with the same key read it back (:data:`PLACEMENTS`): copied to ``/dev/shm``, or
+memory-mapped, when ranks share the pages through the page cache and the graph need not fit in
+``/dev/shm``. The key covers the source files (path, size, modification time) and the
 conversion options, so a changed source makes the cache stale; a stale, truncated or unreadable
 cache is rebuilt, with one line saying why. A new cache is written to a temporary folder and
 renamed into place, so a crash mid-write never leaves a cache that looks complete.
@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -76,34 +77,54 @@ def save_store(graph: GraphStore, folder: Path, key: str) -> None:
     tmp = folder.with_name(f"{folder.name}.tmp-{writer}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    tensors = {}
-    for name, t in graph.tensors().items():
-        t = t.detach().cpu().contiguous()
-        with open(tmp / f"{name}.bin", "wb") as f:
-            # A uint8 view writes any dtype (numpy has no bfloat16).
-            f.write(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
-        tensors[name] = {"dtype": str(t.dtype).removeprefix("torch."),
-                         "shape": list(t.shape), "bytes": t.numel() * t.element_size()}
-    meta = {"format": FORMAT, "key": key, "name": graph.name, "num_classes": graph.num_classes,
-            "tensors": tensors, "written": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (tmp / META).write_text(json.dumps(meta, indent=1))
-    old = folder.with_name(f"{folder.name}.old-{writer}")
-    if folder.exists():
-        folder.rename(old)
-    tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        tensors = {}
+        for name, t in graph.tensors().items():
+            t = t.detach().cpu().contiguous()
+            with open(tmp / f"{name}.bin", "wb") as f:
+                # A uint8 view writes any dtype (numpy has no bfloat16).
+                f.write(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+            tensors[name] = {"dtype": str(t.dtype).removeprefix("torch."),
+                             "shape": list(t.shape), "bytes": t.numel() * t.element_size()}
+        meta = {"format": FORMAT, "key": key, "name": graph.name,
+                "num_classes": graph.num_classes, "tensors": tensors,
+                "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (tmp / META).write_text(json.dumps(meta, indent=1))  # last: its presence means complete
+        old = folder.with_name(f"{folder.name}.old-{writer}")
+        if folder.exists():
+            folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
-def open_store(folder: Path, key: str, map_files: bool = False) -> GraphStore:
-    """Reads the cached graph in ``folder``.
+PLACEMENTS = ("mmap", "shm", "tensors")
+"""Where a cached graph's tensors go: ``mmap``: the cache files, mapped (evictable pages, shared
+through the page cache); ``shm``: a copy in ``/dev/shm`` files, mapped (the kernel copies a file
+about 3x faster than a process can fault in fresh shared memory); ``tensors``: torch
+shared-memory tensors, which torch itself can pickle (for a PyG ``Data`` handed to
+:func:`pyg_mgpu.spawn`)."""
 
-    ``map_files=True`` maps each tensor's file (pages are read on first touch and shared with
-    every process mapping the same file); otherwise the tensors are read into shared memory
-    (where ranks would need them anyway, so nothing is copied twice).
+SHM_PREFIX = "pyg_mgpu-graph-"
+_WHERE = {"mmap": "mapped", "shm": "copied to /dev/shm", "tensors": "in shared memory"}
+
+
+def open_store(folder: Path, key: str, placement: str = "mmap",
+               shm_dir: str = "/dev/shm") -> GraphStore:
+    """Reads the cached graph in ``folder`` into ``placement`` (one of :data:`PLACEMENTS`).
+
+    Mapped files travel to spawned ranks as file names (``GraphStore.mapped``); ``shm`` copies
+    are deleted when the returned graph is garbage collected or the process exits (a killed
+    process's copies are swept by the next ``shm`` open).
 
     Raises:
         CacheInvalid: the folder is missing, stale (another key), or truncated or corrupt.
+        DatasetError: ``/dev/shm`` has no room for the graph (``shm``, ``tensors``).
     """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     folder = Path(folder)
     try:
         meta = json.loads((folder / META).read_text())
@@ -113,9 +134,7 @@ def open_store(folder: Path, key: str, map_files: bool = False) -> GraphStore:
         raise CacheInvalid(f"its {META} is unreadable ({type(err).__name__})") from None
     if meta.get("format") != FORMAT or meta.get("key") != key:
         raise CacheInvalid("stale (the source files or conversion options changed)")
-    if not map_files:
-        check_shm_room(str(meta.get("name")), _cached_bytes(folder))
-    tensors = {}
+    files = {}
     try:
         for name, spec in meta["tensors"].items():
             path = folder / f"{name}.bin"
@@ -123,17 +142,62 @@ def open_store(folder: Path, key: str, map_files: bool = False) -> GraphStore:
             if size != spec["bytes"]:
                 raise CacheInvalid(f"corrupt ({path.name} holds {size} bytes, {META} says "
                                    f"{spec['bytes']})")
-            mapped = MappedFile(str(path), spec["dtype"], tuple(spec["shape"]))
-            tensors[name] = mapped.open() if map_files else mapped.read_shared()
-        graph = GraphStore(name=meta["name"], num_classes=int(meta["num_classes"]), **tensors)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
+            shape = tuple(int(d) for d in spec["shape"])
+            files[name] = MappedFile(str(path), spec["dtype"], shape)
+        name, num_classes = str(meta["name"]), int(meta["num_classes"])
+        graph = GraphStore(name=name, num_classes=num_classes,
+                           **{k: f.open() for k, f in files.items()})  # maps, reads nothing
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as err:
         raise CacheInvalid(f"corrupt ({META}: {type(err).__name__}: {err})") from None
-    if map_files:
-        graph.mapped = {name: MappedFile(str(folder / f"{name}.bin"), spec["dtype"],
-                                         tuple(spec["shape"]))
-                        for name, spec in meta["tensors"].items()}
+    graph.mapped = files
     _check_structure(graph)
+    if placement == "mmap":
+        return graph
+    check_shm_room(name, graph.nbytes(), shm_dir)
+    if placement == "tensors":
+        return GraphStore(name=name, num_classes=num_classes,
+                          **{k: f.read_shared() for k, f in files.items()})
+    copies = _copy_to_shm(files, shm_dir)
+    graph = GraphStore(name=name, num_classes=num_classes,
+                       **{k: f.open() for k, f in copies.items()})
+    graph.mapped = copies
+    weakref.finalize(graph, _unlink, [f.path for f in copies.values()])
     return graph
+
+
+def _copy_to_shm(files: dict[str, MappedFile], shm_dir: str) -> dict[str, MappedFile]:
+    _sweep_orphans(shm_dir)
+    stem = f"{SHM_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+    copies = {}
+    try:
+        for name, f in files.items():
+            copy = os.path.join(shm_dir, f"{stem}-{name}.bin")
+            copies[name] = MappedFile(copy, f.dtype, f.shape)
+            shutil.copyfile(f.path, copy)  # in the kernel (sendfile): no page faults here
+    except BaseException:
+        _unlink([c.path for c in copies.values()])
+        raise
+    return copies
+
+
+def _unlink(paths: Iterable[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _sweep_orphans(shm_dir: str) -> None:
+    """Deletes the ``shm`` copies of processes that no longer exist (killed before cleanup)."""
+    for path in Path(shm_dir).glob(f"{SHM_PREFIX}*.bin"):
+        try:
+            pid = int(path.name[len(SHM_PREFIX):].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _unlink([str(path)])
+        except (ValueError, PermissionError):  # not ours, or another user's live process
+            pass
 
 
 def _check_structure(graph: GraphStore) -> None:
@@ -147,22 +211,22 @@ def _check_structure(graph: GraphStore) -> None:
 
 
 def load_cached(folder: Path, identity: dict, sources: Callable[[], Iterable[Path]],
-                build: Callable[[], GraphStore], map_files: Optional[bool] = False,
+                build: Callable[[], GraphStore], placement: Optional[str] = "tensors",
                 log: Optional[Callable[[str], None]] = None) -> GraphStore:
     """The graph cached in ``folder``, or ``build()``'s, written there first.
 
     Args:
         identity: What the data is (name, root, seed, options), for the key.
         sources: The source files now (called again after ``build``, which may download them).
-        map_files: Map the files (True), read them into shared memory (False), or map only
-            when ``/dev/shm`` has too little room for the graph (None).
+        placement: One of :data:`PLACEMENTS`, or None: ``shm`` when ``/dev/shm`` has room for
+            the graph with a tenth to spare, else ``mmap``.
         log: Receives one line: the cache hit, or why the cache was (re)built.
     """
     log = log or (lambda message: None)
     try:
-        graph = open_store(folder, source_key(identity, sources()),
-                           _should_map(map_files, _cached_bytes(folder)))
-        log(f"graph cache: read {folder}" + (" (mapped)" if graph.mapped else ""))
+        chosen = _placement(placement, _cached_bytes(folder))
+        graph = open_store(folder, source_key(identity, sources()), chosen)
+        log(f"graph cache: read {folder} ({_WHERE[chosen]})")
         return graph
     except CacheInvalid as err:
         reason = str(err)
@@ -175,11 +239,12 @@ def load_cached(folder: Path, identity: dict, sources: Callable[[], Iterable[Pat
         log(f"graph cache: could not write {folder} ({err.strerror}); continuing without it")
         return graph
     took = time.perf_counter() - start
-    log(f"graph cache: converted and wrote {folder} in {took:.1f}s" if reason == "not built yet"
-        else f"graph cache: {folder} was {reason}; rebuilt it in {took:.1f}s")
-    map_files = _should_map(map_files, graph.nbytes())
+    placement = _placement(placement, graph.nbytes())
+    log((f"graph cache: converted and wrote {folder} in {took:.1f}s" if reason == "not built yet"
+         else f"graph cache: {folder} was {reason}; rebuilt it in {took:.1f}s")
+        + f" ({_WHERE[placement]})")
     del graph  # the converted copy goes before the files that replace it are read or mapped
-    return open_store(folder, key, map_files)
+    return open_store(folder, key, placement)
 
 
 def _cached_bytes(folder: Path) -> int:
@@ -190,11 +255,11 @@ def _cached_bytes(folder: Path) -> int:
         return 0
 
 
-def _should_map(map_files: Optional[bool], nbytes: int, shm_dir: str = "/dev/shm") -> bool:
-    """``map_files``, or for None (auto): map when ``shm_dir`` cannot hold the graph with a
+def _placement(placement: Optional[str], nbytes: int, shm_dir: str = "/dev/shm") -> str:
+    """``placement``, or for None (auto): ``shm`` when ``shm_dir`` can hold the graph with a
     tenth to spare (shared memory is RAM the kernel cannot evict; mapped pages it can)."""
-    if map_files is not None:
-        return map_files
-    if not os.path.isdir(shm_dir):
-        return False
-    return shutil.disk_usage(shm_dir).free < nbytes * 1.1
+    if placement is not None:
+        return placement
+    if os.path.isdir(shm_dir) and shutil.disk_usage(shm_dir).free >= nbytes * 1.1:
+        return "shm"
+    return "mmap"

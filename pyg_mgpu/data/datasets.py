@@ -68,14 +68,14 @@ _NPZ_CONTENTS = ("edge_index [2, E] (int), x [N, F], y [N], train_idx, val_idx, 
 
 
 def load_configured(cfg: "TrainConfig", *, for_training: bool = True,
-                    map_files: Optional[bool] = None) -> GraphStore:
+                    placement: Optional[str] = None) -> GraphStore:
     """The dataset a run's config names (``--dataset --root --seed``, the synthetic size flags
     and the cache flags): the one place the launchers and the DGL comparison turn flags into
     a graph.
 
     ``for_training`` applies the run's storage choices (bf16 features with ``--amp bf16``);
     exports for other tools (the DGL comparison) leave it off and get the dataset as read.
-    ``map_files`` overrides ``--features-on`` (True: map the cache files).
+    ``placement`` overrides ``--features-on`` (see :data:`pyg_mgpu.data.cache.PLACEMENTS`).
     """
     spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
                          num_features=cfg.num_features, num_classes=cfg.num_classes,
@@ -88,12 +88,12 @@ def load_configured(cfg: "TrainConfig", *, for_training: bool = True,
     # from ~19 to ~12 ms per step (random rows of a 512 MB matrix). The neighbour mean is now
     # taken of rounded features (torch accumulates it in float32).
     bf16 = for_training and cfg.amp == "bf16"
-    if map_files is None:
-        map_files = {"shm": False, "mmap": True, "auto": None}[cfg.features_on]
+    if placement is None and not cfg.no_cache:
+        placement = {"shm": "shm", "mmap": "mmap", "auto": None}[cfg.features_on]
     return load_graph(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec,
                       feature_dtype=torch.bfloat16 if bf16 else torch.float32,
                       cache_dir=None if cfg.no_cache else (cfg.cache_dir or default_cache_dir()),
-                      map_files=map_files, log=lambda line: print(line, flush=True))
+                      placement=placement, log=lambda line: print(line, flush=True))
 
 
 def load_dataset(
@@ -143,7 +143,7 @@ def load_graph(
     synthetic: Optional[SyntheticSpec] = None,
     feature_dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
-    map_files: Optional[bool] = False,
+    placement: Optional[str] = "tensors",
     log: Optional[Callable[[str], None]] = None,
 ) -> GraphStore:
     """Loads a dataset and converts it to the training layout (or reads the converted graph
@@ -162,8 +162,10 @@ def load_graph(
         feature_dtype: The features' dtype (float32, or bfloat16 for bf16 runs).
         cache_dir: Where converted graphs are kept (:mod:`pyg_mgpu.data.cache`); None converts
             every time.
-        map_files: With a cache: map its files (True), read them into shared memory (False),
-            or map only when ``/dev/shm`` is too small for the graph (None).
+        placement: With a cache, where the graph goes (:data:`~pyg_mgpu.data.cache.PLACEMENTS`):
+            ``tensors`` (torch shared memory, what :func:`pyg_mgpu.spawn` can pass on),
+            ``shm`` (a copy in ``/dev/shm`` files), ``mmap`` (the cache files, mapped), or
+            None (``shm`` if it fits in ``/dev/shm``, else ``mmap``).
         log: Receives the cache's one-line notices (hit, built, stale or corrupt: rebuilt).
 
     Returns:
@@ -190,13 +192,14 @@ def load_graph(
         return graph
 
     if cache_dir is None:
-        if map_files:
-            raise ValueError("map_files=True maps the graph cache's files; pass cache_dir.")
+        if placement not in (None, "tensors"):
+            raise ValueError(f"placement={placement!r} places the graph cache's files; pass "
+                             "cache_dir.")
         return build()
     identity, label, sources = _cache_identity(key, name, root, seed, spec)
     identity["feature_dtype"] = str(feature_dtype)
-    return load_cached(cache_folder(Path(cache_dir), label, identity), identity, sources,
-                       build, map_files, log)
+    folder = cache_folder(Path(cache_dir).expanduser(), label, identity)
+    return load_cached(folder, identity, sources, build, placement, log)
 
 
 def _convert(key: Optional[str], name: str, root: str | Path | None, seed: int,

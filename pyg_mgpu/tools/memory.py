@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -58,6 +59,14 @@ def read_pss(pid: int) -> Optional[dict[str, int]]:
         return None
 
 
+def shm_used(shm_dir: str = "/dev/shm") -> Optional[int]:
+    """Bytes used in ``shm_dir`` (mapped or not), or None where it does not exist."""
+    try:
+        return shutil.disk_usage(shm_dir).used
+    except OSError:
+        return None
+
+
 def tree_pss(pid: int) -> dict[int, dict[str, int]]:
     """:func:`read_pss` of ``pid`` and each of its descendants alive now, keyed by pid.
 
@@ -99,14 +108,24 @@ class PssPeaks:
     load_total: int = 0
     load_at_s: float = 0.0
     loading: bool = True
+    # RAM: PSS outside shared memory plus the growth of /dev/shm since the start. PSS counts a
+    # shared-memory page only while some process maps it, so a graph copied into /dev/shm
+    # files is invisible to it until the ranks touch its pages; this counts it from the start.
+    ram: int = 0
+    load_ram: int = 0
 
-    def update(self, sample: dict[int, dict[str, int]], t: float) -> None:
+    def update(self, sample: dict[int, dict[str, int]], t: float,
+               shm_growth: Optional[int] = None) -> None:
         self.samples += 1
         self.loading = self.loading and len(sample) <= 1
-        if self.loading:
-            total = sum(parts["pss"] for parts in sample.values())
-            if total > self.load_total:
-                self.load_total, self.load_at_s = total, t
+        total = sum(parts["pss"] for parts in sample.values())
+        if self.loading and total > self.load_total:
+            self.load_total, self.load_at_s = total, t
+        if shm_growth is not None and all("shmem" in parts for parts in sample.values()):
+            ram = total - sum(parts["shmem"] for parts in sample.values()) + max(0, shm_growth)
+            self.ram = max(self.ram, ram)
+            if self.loading:
+                self.load_ram = max(self.load_ram, ram)
         for pid, parts in sample.items():
             if pid not in self.names:
                 self.names[pid] = _describe(pid)
@@ -127,6 +146,8 @@ class PssPeaks:
             "peak_at_s": self.total_at_s,
             "load_peak_pss_mb": self.load_total / MB,
             "load_peak_at_s": self.load_at_s,
+            "peak_ram_mb": self.ram / MB if self.ram else None,
+            "load_peak_ram_mb": self.load_ram / MB if self.load_ram else None,
             "split_at_total_peak": _mb(split),
             "num_processes": len(self.per_process),
             "processes": [{"pid": pid, "command": self.names[pid], "peak_pss_mb": size / MB,
@@ -146,11 +167,14 @@ def measure(command: Sequence[str], interval: float) -> tuple[int, PssPeaks, flo
         OSError: The command cannot be started.
     """
     peaks = PssPeaks()
+    shm_at_start = shm_used()
     start = time.monotonic()
     child = subprocess.Popen(list(command))
     try:
         while True:
-            peaks.update(tree_pss(child.pid), time.monotonic() - start)
+            shm = shm_used()
+            peaks.update(tree_pss(child.pid), time.monotonic() - start,
+                         None if shm is None or shm_at_start is None else shm - shm_at_start)
             try:
                 child.wait(timeout=interval)  # returns at once when the child exits
                 break
@@ -211,10 +235,15 @@ def _print_summary(report: dict) -> None:
               f"{_split_text(proc['at_total_peak'])}  {proc['command'][:60]}")
     print(f"memory: load-time peak (before the first child process) "
           f"{report['load_peak_pss_mb']:.1f} MB at {report['load_peak_at_s']:.1f}s")
+    if report["peak_ram_mb"] is not None:
+        print(f"memory: RAM (PSS outside shared memory + /dev/shm growth) peaked at "
+              f"{report['peak_ram_mb']:.1f} MB, {report['load_peak_ram_mb']:.1f} MB while "
+              "loading")
     if report["dataset_bytes"] is not None:
         print(f"memory: dataset {report['dataset_bytes'] / MB:.1f} MB; peak total PSS / dataset "
               f"= {report['peak_total_pss_per_dataset']:.2f}; load-time peak / dataset = "
-              f"{report['load_peak_pss_per_dataset']:.2f}")
+              f"{report['load_peak_pss_per_dataset']:.2f} (PSS), "
+              f"{report['load_peak_ram_per_dataset'] or float('nan'):.2f} (RAM)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -257,6 +286,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "peak_total_pss_per_dataset": peaks.total / dataset_bytes if dataset_bytes else None,
         "load_peak_pss_per_dataset": (peaks.load_total / dataset_bytes
                                       if dataset_bytes else None),
+        "load_peak_ram_per_dataset": (peaks.load_ram / dataset_bytes
+                                      if dataset_bytes and peaks.load_ram else None),
     }
     _print_summary(report)
     if out and out.parent.is_dir():

@@ -100,7 +100,8 @@ class TrainConfig:
         choices = {"--eval-on": (self.eval_on, EVAL_MODES), "--sampler": (self.sampler, SAMPLERS),
                    "--amp": (self.amp, AMP_MODES), "--inference": (self.inference, INFERENCE_MODES),
                    "--backend": (self.backend, BACKENDS), "--recipe": (self.recipe, RECIPES),
-                   "--model": (self.model, MODELS), "--features-on": (self.features_on, FEATURES_ON)}
+                   "--model": (self.model, MODELS),
+                   "--features-on": (self.features_on, FEATURES_ON)}
         for flag, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}.")

@@ -38,9 +38,9 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore:
     rank 0 writes the graph to a ``/dev/shm`` file that every rank maps.
     """
     if not cfg.no_cache:
-        graph = load_configured(cfg, map_files=True) if ctx.local_rank == 0 else None
+        graph = load_configured(cfg, placement="mmap") if ctx.local_rank == 0 else None
         dist.barrier()
-        return graph or load_configured(cfg, map_files=True)
+        return graph or load_configured(cfg, placement="mmap")
     path = _shm_path()
     if ctx.local_rank == 0:
         graph = load_configured(cfg)
