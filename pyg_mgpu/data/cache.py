@@ -24,6 +24,7 @@ import shutil
 import socket
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -168,16 +169,38 @@ def open_store(folder: Path, key: str, placement: str = "mmap",
 def _copy_to_shm(files: dict[str, MappedFile], shm_dir: str) -> dict[str, MappedFile]:
     _sweep_orphans(shm_dir)
     stem = f"{SHM_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-    copies = {}
+    copies = {name: MappedFile(os.path.join(shm_dir, f"{stem}-{name}.bin"), f.dtype, f.shape)
+              for name, f in files.items()}
+    # The kernel copies (sendfile: no page faults in this process), in 256 MB pieces on
+    # several threads: one thread filled /dev/shm at ~1.5 GB/s here.
+    pieces = []
+    for name, f in files.items():
+        size = os.path.getsize(f.path)
+        with open(copies[name].path, "wb") as out:
+            out.truncate(size)
+        pieces += [(f.path, copies[name].path, start, min(_PIECE, size - start))
+                   for start in range(0, size, _PIECE)]
     try:
-        for name, f in files.items():
-            copy = os.path.join(shm_dir, f"{stem}-{name}.bin")
-            copies[name] = MappedFile(copy, f.dtype, f.shape)
-            shutil.copyfile(f.path, copy)  # in the kernel (sendfile): no page faults here
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            list(pool.map(lambda piece: _copy_piece(*piece), pieces))
     except BaseException:
         _unlink([c.path for c in copies.values()])
         raise
     return copies
+
+
+_PIECE = 256 << 20
+
+
+def _copy_piece(src: str, dst: str, start: int, count: int) -> None:
+    with open(src, "rb") as fin, open(dst, "r+b") as fout:
+        fout.seek(start)
+        done = 0
+        while done < count:
+            sent = os.sendfile(fout.fileno(), fin.fileno(), start + done, count - done)
+            if sent == 0:
+                raise OSError(f"{src} ended early while copying it to {dst}")
+            done += sent
 
 
 def _unlink(paths: Iterable[str]) -> None:
