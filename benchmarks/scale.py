@@ -150,6 +150,10 @@ def plot(rows: list[dict], out: Path) -> None:
     mem.plot(nodes, [r["load_peak_mb"] / 1024 for r in sized], "s-", label="load peak, cached")
     mem.plot(nodes, [r["peak_total_mb"] / 1024 for r in sized], "^-",
              label="peak of the whole run (2 ranks training)")
+    for r in rows:
+        if r["run"] == "products-baseline":
+            mem.plot([r["nodes"]], [r["load_peak_mb"] / 1024], "rx", markersize=9,
+                     label="load peak before streaming (products-like .npz)")
     mem.set(xscale="log", xlabel="nodes", ylabel="GiB",
             title="RAM (PSS outside shm + /dev/shm growth)")
     mem.legend(fontsize=8)
@@ -172,7 +176,12 @@ def main() -> None:
     p.add_argument("--baseline-commit", default="3404bc3",
                    help="the code before the streaming conversion and the cache; '' skips it")
     p.add_argument("--skip-products", action="store_true")
+    p.add_argument("--plot-only", action="store_true",
+                   help="redraw scale.png from --out's results.json, running nothing")
     args = p.parse_args()
+    if args.plot_only:
+        plot(json.loads((args.out / "results.json").read_text()), args.out)
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     cache = args.work / "cache"

@@ -24,7 +24,6 @@ import shutil
 import socket
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -103,8 +102,9 @@ def save_store(graph: GraphStore, folder: Path, key: str) -> None:
 
 PLACEMENTS = ("mmap", "shm", "tensors")
 """Where a cached graph's tensors go: ``mmap``: the cache files, mapped (evictable pages, shared
-through the page cache); ``shm``: a copy in ``/dev/shm`` files, mapped (the kernel copies a file
-about 3x faster than a process can fault in fresh shared memory); ``tensors``: torch
+through the page cache); ``shm``: a copy in ``/dev/shm`` files, made by the kernel and mapped
+(0.7-2.6 s for a 1.4 GB graph here, against 2.0-2.9 s for a process faulting the same bytes
+into torch shared memory); ``tensors``: torch
 shared-memory tensors, which torch itself can pickle (for a PyG ``Data`` handed to
 :func:`pyg_mgpu.spawn`)."""
 
@@ -169,38 +169,18 @@ def open_store(folder: Path, key: str, placement: str = "mmap",
 def _copy_to_shm(files: dict[str, MappedFile], shm_dir: str) -> dict[str, MappedFile]:
     _sweep_orphans(shm_dir)
     stem = f"{SHM_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-    copies = {name: MappedFile(os.path.join(shm_dir, f"{stem}-{name}.bin"), f.dtype, f.shape)
-              for name, f in files.items()}
-    # The kernel copies (sendfile: no page faults in this process), in 256 MB pieces on
-    # several threads: one thread filled /dev/shm at ~1.5 GB/s here.
-    pieces = []
-    for name, f in files.items():
-        size = os.path.getsize(f.path)
-        with open(copies[name].path, "wb") as out:
-            out.truncate(size)
-        pieces += [(f.path, copies[name].path, start, min(_PIECE, size - start))
-                   for start in range(0, size, _PIECE)]
+    copies = {}
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            list(pool.map(lambda piece: _copy_piece(*piece), pieces))
+        for name, f in files.items():
+            copy = os.path.join(shm_dir, f"{stem}-{name}.bin")
+            copies[name] = MappedFile(copy, f.dtype, f.shape)
+            # In the kernel (sendfile): no page faults in this process. Copying in parallel
+            # pieces measured no faster on this VM (0.74-2.6 s for 1.4 GB either way).
+            shutil.copyfile(f.path, copy)
     except BaseException:
         _unlink([c.path for c in copies.values()])
         raise
     return copies
-
-
-_PIECE = 256 << 20
-
-
-def _copy_piece(src: str, dst: str, start: int, count: int) -> None:
-    with open(src, "rb") as fin, open(dst, "r+b") as fout:
-        fout.seek(start)
-        done = 0
-        while done < count:
-            sent = os.sendfile(fout.fileno(), fin.fileno(), start + done, count - done)
-            if sent == 0:
-                raise OSError(f"{src} ended early while copying it to {dst}")
-            done += sent
 
 
 def _unlink(paths: Iterable[str]) -> None:

@@ -29,6 +29,7 @@ import torch
 from torch_geometric.data import Data
 
 from pyg_mgpu.data.cache import CACHE_ENV, cache_folder, default_cache_dir, load_cached
+from pyg_mgpu.data.csc import edge_chunks
 from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
 from pyg_mgpu.data.npz import NpzArray, npz_members
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
@@ -290,16 +291,27 @@ def _load_ogb(name: str, root: Path) -> GraphStore:
     dataset, idx = _run_library(name, root, folder, expected, url, build)
     graph, labels = dataset[0]
     edge_index = torch.from_numpy(graph["edge_index"])
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise DatasetError(f"{name}: edge_index must have shape [2, num_edges], got "
+                           f"{tuple(edge_index.shape)}; the files may be corrupt.")
+    forward = edge_chunks(edge_index[0], edge_index[1])
+    edges = forward
     if name in _ADD_REVERSE_EDGES:
-        edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
+        # The reversed edges follow the stored ones, read from the same array (a concatenated
+        # copy would hold the edge list twice more).
+        backward = edge_chunks(edge_index[1], edge_index[0])
+
+        def edges() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            yield from forward()
+            yield from backward()
     y = np.asarray(labels).reshape(-1)
     if np.issubdtype(y.dtype, np.floating):
         # papers100M leaves most nodes unlabeled (NaN); GraphStore takes negative labels
         # on nodes outside every split.
         y = np.nan_to_num(y, nan=-1.0)
-    return GraphStore.from_edge_index(
+    return GraphStore.from_edge_chunks(
         name=name,
-        edge_index=edge_index,
+        edges=edges,
         x=torch.from_numpy(graph["node_feat"]),
         y=torch.from_numpy(y.astype(np.int64)),
         # torch.tensor copies: pandas hands out read-only arrays.
