@@ -4,7 +4,6 @@ and CLI runs with each GPU option. Every test here skips without CUDA.
 
 Run on a GPU machine with ``python -m pytest -q -m gpu`` (benchmarks/gpu_suite.sh does).
 """
-import itertools
 import json
 
 import pytest
@@ -21,8 +20,9 @@ from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train.inference import layerwise_logits
 
 import _gpu_ranks
-from test_neighbor_loader import (WEIGHTS, check_names_callers_edges, check_per_hop, global_edges,
-                                  random_graph, star, weighted_star)
+from test_neighbor_loader import (WEIGHTS, check_names_callers_edges, check_per_hop,
+                                  check_three_of_eight_uniform, global_edges, random_graph,
+                                  star, weighted_star)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -119,13 +119,8 @@ def test_uniform_without_replacement_on_cuda():
     edge_index, n = star(8, num_centres=3000)
     perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(0))
     data = on_cuda(Data(edge_index=edge_index[:, perm], num_nodes=n))
-    out = NeighborSampler(data, [3], seed=0).sample(torch.arange(3000, device=CUDA))
-    picked = (out.node[out.row].view(3000, 3).sort(1).values - 3000).cpu()
-    assert (picked[:, 1:] > picked[:, :-1]).all(), "a neighbour drawn twice"
-    assert chisquare(torch.bincount(picked.view(-1), minlength=8).numpy()).pvalue > 1e-3
-    index = {s: i for i, s in enumerate(itertools.combinations(range(8), 3))}
-    codes = torch.tensor([index[tuple(s)] for s in picked.tolist()])
-    assert chisquare(torch.bincount(codes, minlength=len(index)).numpy()).pvalue > 1e-3
+    check_three_of_eight_uniform(
+        NeighborSampler(data, [3], seed=0).sample(torch.arange(3000, device=CUDA)))
 
 
 def test_replace_draws_fanout_times_uniformly_on_cuda():

@@ -167,17 +167,22 @@ def star(num_leaves, num_centres=1):
     return torch.stack([src, dst]), num_centres + num_leaves
 
 
-def test_uniform_without_replacement_on_an_unsorted_graph():
-    edge_index, n = star(8, num_centres=3000)
-    perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(0))
-    data = Data(edge_index=edge_index[:, perm], num_nodes=n)
-    out = NeighborSampler(data, [3], seed=0).sample(torch.arange(3000))
-    picked = out.node[out.row].view(3000, 3).sort(1).values - 3000
+def check_three_of_eight_uniform(out) -> None:
+    """3 of each of 3000 centres' 8 leaves, drawn without replacement: distinct, every leaf
+    equally likely, and every one of the 56 subsets equally likely (chi-square)."""
+    picked = (out.node[out.row].view(3000, 3).sort(1).values - 3000).cpu()
     assert (picked[:, 1:] > picked[:, :-1]).all(), "a neighbour drawn twice"
     assert chisquare(torch.bincount(picked.view(-1), minlength=8).numpy()).pvalue > 1e-3
     index = {s: i for i, s in enumerate(itertools.combinations(range(8), 3))}
     codes = torch.tensor([index[tuple(s)] for s in picked.tolist()])
     assert chisquare(torch.bincount(codes, minlength=len(index)).numpy()).pvalue > 1e-3
+
+
+def test_uniform_without_replacement_on_an_unsorted_graph():
+    edge_index, n = star(8, num_centres=3000)
+    perm = torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(0))
+    data = Data(edge_index=edge_index[:, perm], num_nodes=n)
+    check_three_of_eight_uniform(NeighborSampler(data, [3], seed=0).sample(torch.arange(3000)))
 
 
 def test_replace_draws_fanout_times_uniformly():

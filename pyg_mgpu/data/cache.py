@@ -112,20 +112,12 @@ SHM_PREFIX = "pyg_mgpu-graph-"
 _WHERE = {"mmap": "mapped", "shm": "copied to /dev/shm", "tensors": "in shared memory"}
 
 
-def open_store(folder: Path, key: str, placement: str = "mmap",
-               shm_dir: str = "/dev/shm") -> GraphStore:
-    """Reads the cached graph in ``folder`` into ``placement`` (one of :data:`PLACEMENTS`).
-
-    Mapped files travel to spawned ranks as file names (``GraphStore.mapped``); ``shm`` copies
-    are deleted when the returned graph is garbage collected or the process exits (a killed
-    process's copies are swept by the next ``shm`` open).
+def open_store(folder: Path, key: str) -> GraphStore:
+    """The cached graph in ``folder``, its files mapped (nothing is read until touched).
 
     Raises:
         CacheInvalid: the folder is missing, stale (another key), or truncated or corrupt.
-        DatasetError: ``/dev/shm`` has no room for the graph (``shm``, ``tensors``).
     """
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     folder = Path(folder)
     try:
         meta = json.loads((folder / META).read_text())
@@ -145,24 +137,41 @@ def open_store(folder: Path, key: str, placement: str = "mmap",
                                    f"{spec['bytes']})")
             shape = tuple(int(d) for d in spec["shape"])
             files[name] = MappedFile(str(path), spec["dtype"], shape)
-        name, num_classes = str(meta["name"]), int(meta["num_classes"])
-        graph = GraphStore(name=name, num_classes=num_classes,
-                           **{k: f.open() for k, f in files.items()})  # maps, reads nothing
+        graph = _mapped_store(str(meta["name"]), int(meta["num_classes"]), files)
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as err:
         raise CacheInvalid(f"corrupt ({META}: {type(err).__name__}: {err})") from None
-    graph.mapped = files
     _check_structure(graph)
+    return graph
+
+
+def place(graph: GraphStore, placement: str, shm_dir: str = "/dev/shm") -> GraphStore:
+    """A graph from :func:`open_store` moved to ``placement`` (one of :data:`PLACEMENTS`).
+
+    Mapped files travel to spawned ranks as file names (``GraphStore.mapped``); ``shm`` copies
+    are deleted when the returned graph is garbage collected or the process exits (a killed
+    process's copies are swept by the next ``shm`` placement).
+
+    Raises:
+        DatasetError: ``/dev/shm`` has no room for the graph (``shm``, ``tensors``).
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if placement == "mmap":
         return graph
-    check_shm_room(name, graph.nbytes(), shm_dir)
+    check_shm_room(graph.name, graph.nbytes(), shm_dir)
     if placement == "tensors":
-        return GraphStore(name=name, num_classes=num_classes,
-                          **{k: f.read_shared() for k, f in files.items()})
-    copies = _copy_to_shm(files, shm_dir)
+        return GraphStore(name=graph.name, num_classes=graph.num_classes,
+                          **{k: f.read_shared() for k, f in graph.mapped.items()})
+    copies = _copy_to_shm(graph.mapped, shm_dir)
+    placed = _mapped_store(graph.name, graph.num_classes, copies)
+    weakref.finalize(placed, _unlink, [f.path for f in copies.values()])
+    return placed
+
+
+def _mapped_store(name: str, num_classes: int, files: dict[str, MappedFile]) -> GraphStore:
     graph = GraphStore(name=name, num_classes=num_classes,
-                       **{k: f.open() for k, f in copies.items()})
-    graph.mapped = copies
-    weakref.finalize(graph, _unlink, [f.path for f in copies.values()])
+                       **{k: f.open() for k, f in files.items()})
+    graph.mapped = files
     return graph
 
 
@@ -227,35 +236,27 @@ def load_cached(folder: Path, identity: dict, sources: Callable[[], Iterable[Pat
     """
     log = log or (lambda message: None)
     try:
-        chosen = _placement(placement, _cached_bytes(folder))
-        graph = open_store(folder, source_key(identity, sources()), chosen)
-        log(f"graph cache: read {folder} ({_WHERE[chosen]})")
-        return graph
+        graph = open_store(folder, source_key(identity, sources()))
+        done = f"read {folder}"
     except CacheInvalid as err:
-        reason = str(err)
-    start = time.perf_counter()
-    graph = build()
-    key = source_key(identity, sources())
-    try:
-        save_store(graph, folder, key)
-    except OSError as err:  # a full or read-only disk costs the cache, not the run
-        log(f"graph cache: could not write {folder} ({err.strerror}); continuing without it")
-        return graph
-    took = time.perf_counter() - start
+        start = time.perf_counter()
+        converted = build()
+        key = source_key(identity, sources())
+        try:
+            save_store(converted, folder, key)
+        except OSError as error:  # a full or read-only disk costs the cache, not the run
+            log(f"graph cache: could not write {folder} ({error.strerror}); continuing "
+                "without it")
+            return converted
+        took = time.perf_counter() - start
+        done = (f"converted and wrote {folder} in {took:.1f}s" if str(err) == "not built yet"
+                else f"{folder} was {err}; rebuilt it in {took:.1f}s")
+        del converted  # the converted copy goes before the files that replace it are placed
+        graph = open_store(folder, key)
     placement = _placement(placement, graph.nbytes())
-    log((f"graph cache: converted and wrote {folder} in {took:.1f}s" if reason == "not built yet"
-         else f"graph cache: {folder} was {reason}; rebuilt it in {took:.1f}s")
-        + f" ({_WHERE[placement]})")
-    del graph  # the converted copy goes before the files that replace it are read or mapped
-    return open_store(folder, key, placement)
-
-
-def _cached_bytes(folder: Path) -> int:
-    try:
-        meta = json.loads((Path(folder) / META).read_text())
-        return sum(int(spec["bytes"]) for spec in meta["tensors"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return 0
+    graph = place(graph, placement)
+    log(f"graph cache: {done} ({_WHERE[placement]})")
+    return graph
 
 
 def _placement(placement: Optional[str], nbytes: int, shm_dir: str = "/dev/shm") -> str:

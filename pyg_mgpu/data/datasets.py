@@ -29,7 +29,6 @@ import torch
 from torch_geometric.data import Data
 
 from pyg_mgpu.data.cache import CACHE_ENV, cache_folder, default_cache_dir, load_cached
-from pyg_mgpu.data.csc import edge_chunks
 from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
 from pyg_mgpu.data.npz import NpzArray, npz_members
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
@@ -89,8 +88,8 @@ def load_configured(cfg: "TrainConfig", *, for_training: bool = True,
     # from ~19 to ~12 ms per step (random rows of a 512 MB matrix). The neighbour mean is now
     # taken of rounded features (torch accumulates it in float32).
     bf16 = for_training and cfg.amp == "bf16"
-    if placement is None and not cfg.no_cache:
-        placement = {"shm": "shm", "mmap": "mmap", "auto": None}[cfg.features_on]
+    if placement is None and not cfg.no_cache and cfg.features_on != "auto":
+        placement = cfg.features_on  # shm or mmap; auto stays None
     return load_graph(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec,
                       feature_dtype=torch.bfloat16 if bf16 else torch.float32,
                       cache_dir=None if cfg.no_cache else (cfg.cache_dir or default_cache_dir()),
@@ -290,28 +289,14 @@ def _load_ogb(name: str, root: Path) -> GraphStore:
 
     dataset, idx = _run_library(name, root, folder, expected, url, build)
     graph, labels = dataset[0]
-    edge_index = torch.from_numpy(graph["edge_index"])
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise DatasetError(f"{name}: edge_index must have shape [2, num_edges], got "
-                           f"{tuple(edge_index.shape)}; the files may be corrupt.")
-    forward = edge_chunks(edge_index[0], edge_index[1])
-    edges = forward
-    if name in _ADD_REVERSE_EDGES:
-        # The reversed edges follow the stored ones, read from the same array (a concatenated
-        # copy would hold the edge list twice more).
-        backward = edge_chunks(edge_index[1], edge_index[0])
-
-        def edges() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            yield from forward()
-            yield from backward()
     y = np.asarray(labels).reshape(-1)
     if np.issubdtype(y.dtype, np.floating):
         # papers100M leaves most nodes unlabeled (NaN); GraphStore takes negative labels
         # on nodes outside every split.
         y = np.nan_to_num(y, nan=-1.0)
-    return GraphStore.from_edge_chunks(
+    return GraphStore.from_edge_index(
         name=name,
-        edges=edges,
+        edge_index=torch.from_numpy(graph["edge_index"]),
         x=torch.from_numpy(graph["node_feat"]),
         y=torch.from_numpy(y.astype(np.int64)),
         # torch.tensor copies: pandas hands out read-only arrays.
@@ -319,6 +304,7 @@ def _load_ogb(name: str, root: Path) -> GraphStore:
         val_idx=torch.tensor(idx["valid"], dtype=torch.long),
         test_idx=torch.tensor(idx["test"], dtype=torch.long),
         num_classes=dataset.num_classes,
+        add_reverse=name in _ADD_REVERSE_EDGES,
     )
 
 

@@ -12,7 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -56,17 +56,21 @@ class MappedFile:
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
     def open(self) -> Tensor:
         """Maps the file copy-on-write: nothing is read until touched, and every process
         mapping it shares the page cache's pages."""
         if self.numel == 0:
-            return torch.empty(self.shape, dtype=getattr(torch, self.dtype))
+            return torch.empty(self.shape, dtype=self.torch_dtype)
         return torch.from_file(self.path, shared=False, size=self.numel,
-                               dtype=getattr(torch, self.dtype)).view(self.shape)
+                               dtype=self.torch_dtype).view(self.shape)
 
     def read_shared(self) -> Tensor:
         """Reads the file into a new shared-memory tensor."""
-        t = torch.empty(self.shape, dtype=getattr(torch, self.dtype)).share_memory_()
+        t = torch.empty(self.shape, dtype=self.torch_dtype).share_memory_()
         if self.numel:
             with open(self.path, "rb") as f:
                 f.readinto(t.view(-1).view(torch.uint8).numpy())
@@ -142,13 +146,12 @@ class GraphStore:
             DatasetError: when ``shm_dir`` cannot hold the graph or file descriptors run out,
                 with what to change (the torch error alone names neither).
         """
-        need = sum(t.numel() * t.element_size() for name, t in self.tensors().items()
-                   if name not in self.mapped)  # mapped files stay where they are
-        check_shm_room(self.name, need, shm_dir)
+        # Mapped files stay where they are.
+        unmapped = [t for name, t in self.tensors().items() if name not in self.mapped]
+        check_shm_room(self.name, sum(t.numel() * t.element_size() for t in unmapped), shm_dir)
         try:
-            for name, t in self.tensors().items():
-                if name not in self.mapped:
-                    t.share_memory_()
+            for t in unmapped:
+                t.share_memory_()
         except RuntimeError as e:
             if "Too many open files" in str(e):
                 raise DatasetError(f"{self.name}: ran out of file descriptors while sharing the "
@@ -206,8 +209,12 @@ class GraphStore:
         val_idx: Tensor,
         test_idx: Tensor,
         num_classes: Optional[int] = None,
+        add_reverse: bool = False,
     ) -> "GraphStore":
         """Validates a (source, destination) edge list with node data and converts it to CSC.
+
+        ``add_reverse=True`` adds every edge's reverse after the edges given (for graphs
+        stored one way only), read from the same array rather than a concatenated copy.
 
         Raises:
             DatasetError: if any shape, range or split is wrong (the message says which).
@@ -219,8 +226,17 @@ class GraphStore:
         if torch.is_floating_point(edge_index) or edge_index.dtype == torch.bool:
             raise DatasetError(f"{name}: edge_index must hold integer node ids, got "
                                f"{edge_index.dtype}.")
-        return cls.from_edge_chunks(name, edge_chunks(edge_index[0], edge_index[1]), x, y,
-                                    train_idx, val_idx, test_idx, num_classes)
+        src, dst = edge_index
+        forward = edge_chunks(src, dst)
+        backward = edge_chunks(dst, src)
+
+        def edges() -> Iterator[tuple[Tensor, Tensor]]:
+            yield from forward()
+            if add_reverse:
+                yield from backward()
+
+        return cls.from_edge_chunks(name, edges, x, y, train_idx, val_idx, test_idx,
+                                    num_classes)
 
     @classmethod
     def from_edge_chunks(

@@ -55,23 +55,24 @@ class NpzArray:
             fields = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
             f.seek(self.info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1] + skip)
             return f
-        archive = zipfile.ZipFile(self.path)
-        f = archive.open(self.info)
+        with zipfile.ZipFile(self.path) as archive:  # the member keeps the file open
+            f = archive.open(self.info)
         f.seek(skip)  # decompresses up to there
         return f
 
     def iter_flat(self, start: int, count: int, chunk: int) -> Iterator[np.ndarray]:
         """Elements ``start:start + count`` of the flattened (file-order) array, ``chunk`` at a
         time, each a fresh native-byte-order array."""
+        native = self.dtype.newbyteorder("=")
         with self._open_at(start) as f:
             done = 0
             while done < count:
                 n = min(chunk, count - done)
-                data = f.read(n * self.dtype.itemsize)
-                if len(data) != n * self.dtype.itemsize:
+                part = np.empty(n, self.dtype)  # read into it: one copy of the bytes, not two
+                if f.readinto(part) != part.nbytes:
                     raise EOFError(f"member {self.info.filename} ends early: the file is "
                                    "truncated")
-                yield np.frombuffer(data, self.dtype).astype(self.dtype.newbyteorder("="))
+                yield part if part.dtype == native else part.astype(native)
                 done += n
 
     def read_all(self) -> np.ndarray:

@@ -130,7 +130,6 @@ class PssPeaks:
             if pid not in self.names:
                 self.names[pid] = _describe(pid)
             self.per_process[pid] = max(parts["pss"], self.per_process.get(pid, 0))
-        total = sum(parts["pss"] for parts in sample.values())
         if total > self.total:
             self.total, self.total_at_s, self.at_total = total, t, sample
 
