@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import cached_csc
+from pyg_mgpu.sampling import draws
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
@@ -237,12 +238,75 @@ def test_weighted_pairs_follow_successive_draws_without_replacement():
                      / expected.sum().item()).pvalue > 1e-3
 
 
+def centres_of_degrees(degree, leaf_weight, shuffle_seed=None):
+    """Centre ``v`` (ids ``0..C-1``) has the in-neighbours leaves ``0..degree[v]-1`` (ids
+    ``C + leaf``), leaf ``j`` weighted ``leaf_weight[j]``; the edge list is shuffled when a
+    seed is given."""
+    num_centres = degree.numel()
+    leaf = torch.cat([torch.arange(d) for d in degree.tolist()])
+    centre = torch.arange(num_centres).repeat_interleave(degree)
+    edge_index, weight = torch.stack([leaf + num_centres, centre]), leaf_weight[leaf]
+    if shuffle_seed is not None:
+        perm = torch.randperm(leaf.numel(), generator=torch.Generator().manual_seed(shuffle_seed))
+        edge_index, weight = edge_index[:, perm], weight[perm]
+    return Data(edge_index=edge_index, weight=weight, num_nodes=num_centres + len(leaf_weight))
+
+
+def drawn_leaves(data, degree, fanout):
+    """``[centres, fanout]`` leaves each centre drew (sorted), checked to be its own and
+    distinct."""
+    num_centres = degree.numel()
+    out = NeighborSampler(data, [fanout], weight_attr="weight", seed=0).sample(
+        torch.arange(num_centres))
+    dst, src = out.node[out.col], out.node[out.row] - num_centres
+    assert torch.equal(dst, torch.arange(num_centres).repeat_interleave(fanout))
+    assert (src < degree[dst]).all(), "drew an edge that is not the node's own"
+    picks = src.view(num_centres, fanout).sort(1).values
+    assert (picks[:, 1:] > picks[:, :-1]).all(), "an edge drawn twice"
+    return picks
+
+
+@pytest.mark.parametrize("padding_budget", [0, 10 ** 9])
+def test_weighted_pairs_are_exact_for_mixed_degrees_sharing_key_matrices(padding_budget,
+                                                                         monkeypatch):
+    """Weighted draws read each node's edges as a row of the CSC weights into key matrices
+    that nodes of nearby degrees share (budget 0: one matrix per degree; a huge budget: one
+    matrix for all, padded to the largest degree). The padding (the next node's edges, or the
+    zeros past the last node) must never be drawn, and every degree must still get exact
+    successive draws."""
+    monkeypatch.setattr(draws, "_PADDING_BUDGET_CPU", padding_budget)
+    degrees, per_degree, weights = range(3, 9), 3000, torch.arange(1.0, 9.0)
+    degree = torch.tensor(list(degrees)).repeat(per_degree)  # neighbours differ in degree
+    pairs = drawn_leaves(centres_of_degrees(degree, weights, shuffle_seed=2), degree, 2)
+    for d in degrees:
+        w = weights[:d].double()
+        total = float(w.sum())
+        combos = list(itertools.combinations(range(d), 2))
+        expected = torch.tensor([w[i] / total * w[j] / (total - w[i])
+                                 + w[j] / total * w[i] / (total - w[j]) for i, j in combos])
+        index = {p: k for k, p in enumerate(combos)}
+        codes = torch.tensor([index[tuple(p)] for p in pairs[degree == d].tolist()])
+        counts = torch.bincount(codes, minlength=len(combos)).double()
+        assert chisquare(counts.numpy(), (expected * per_degree).numpy()).pvalue > 1e-3, d
+
+
 def test_weighted_takes_zero_weights_only_to_fill():
     data, c = weighted_star(10)
     out = NeighborSampler(data, [5], weight_attr="weight", seed=0).sample(torch.arange(c))
     assert out.num_sampled_edges == [50]  # degree 5 <= fanout: every edge, weight 0 included
     out = NeighborSampler(data, [4], weight_attr="weight", seed=0).sample(torch.arange(c))
     assert ((out.node[out.row] - c) != 4).all()
+
+
+@pytest.mark.parametrize("padding_budget", [0, 10 ** 9])
+def test_weighted_fills_with_zero_weights_never_with_padding(padding_budget, monkeypatch):
+    """A node with fewer positive weights than the fanout is filled with its weight-0 edges,
+    even when it shares a padded key matrix with wider nodes."""
+    monkeypatch.setattr(draws, "_PADDING_BUDGET_CPU", padding_budget)
+    degree = torch.tensor([4, 5, 6, 7]).repeat(50)
+    leaf_weight = torch.tensor([1.0, 0, 0, 0, 0, 0, 0])  # leaf 0 alone is positive
+    picks = drawn_leaves(centres_of_degrees(degree, leaf_weight), degree, 3)
+    assert (picks[:, 0] == 0).all()
 
 
 def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():

@@ -30,7 +30,7 @@ from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import CSC, csc_of
-from pyg_mgpu.sampling.draws import hop_edges
+from pyg_mgpu.sampling.draws import hop_edges, weights_for_row_views
 
 
 def _unseen(lookup_type: torch.dtype) -> int:
@@ -335,7 +335,9 @@ def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,
     weight = weight.to(csc.row.device)
     if csc.perm is not None:
         weight = weight.index_select(0, csc.perm)
-    return weight, torch.cumsum(weight, 0, dtype=torch.float64) if replace else None
+    if replace:
+        return weight, torch.cumsum(weight, 0, dtype=torch.float64)
+    return weights_for_row_views(weight, csc.colptr), None
 
 
 def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:

@@ -180,6 +180,25 @@ def _sampled_edges_per_s(make_batches, batches: int, sync=None) -> float:
     return edges / (time.perf_counter() - start)
 
 
+def _interleaved_edges_per_s(samplers: dict, batches, count: int, sync=None) -> dict:
+    """Sampled edges/s of each sampler, timing them in turn on each of the same ``count``
+    batches (after one warm-up batch each): a slower or faster spell of a noisy machine then
+    hits every sampler alike, so their ratios hold even when the absolute rates drift."""
+    sync = sync or (lambda: None)
+    batches = list(batches)[:count + 1]
+    edges, seconds = dict.fromkeys(samplers, 0), dict.fromkeys(samplers, 0.0)
+    for sampler in samplers.values():
+        sampler.sample(batches[0])
+    for batch in batches[1:]:
+        for name, sampler in samplers.items():
+            sync()
+            start = time.perf_counter()
+            edges[name] += sampler.sample(batch).row.numel()
+            sync()
+            seconds[name] += time.perf_counter() - start
+    return {name: edges[name] / seconds[name] for name in samplers}
+
+
 SAMPLER_MODES = {  # name: pyg_mgpu.NeighborSampler options
     "directional": {},
     "bidirectional": {"subgraph_type": "bidirectional"},
@@ -191,7 +210,8 @@ SAMPLER_MODES = {  # name: pyg_mgpu.NeighborSampler options
 
 
 def run_sampler_bench(args) -> dict:
-    """Sampled edges/s of the drop-in ``NeighborSampler`` in every mode (one thread), through
+    """Sampled edges/s of the drop-in ``NeighborSampler`` in every mode (one thread, the modes
+    timed in turn on each batch), through
     the loader with 0, 1 and all-core workers, and of PyG's own sampler where installed.
 
     Edges are the sampler's output edges: for ``bidirectional`` the sampled edges plus their
@@ -223,13 +243,11 @@ def run_sampler_bench(args) -> dict:
     if on_gpu:  # graph, weights and seeds on the GPU: the samplers run there
         data, seeds = data.to(device), seeds.to(device)
 
-    for mode, options in SAMPLER_MODES.items():
-        sampler = NeighborSampler(data, fanout, seed=0, **options)
-
-        def direct(sampler=sampler):
-            for batch in seeds.split(args.batch_size):
-                yield sampler.sample(batch).row.numel()
-        results[f"{mode}_1_thread"] = _sampled_edges_per_s(direct, args.batches, sync)
+    samplers = {mode: NeighborSampler(data, fanout, seed=0, **options)
+                for mode, options in SAMPLER_MODES.items()}
+    for mode, rate in _interleaved_edges_per_s(samplers, seeds.split(args.batch_size),
+                                               args.batches, sync).items():
+        results[f"{mode}_1_thread"] = rate
     for mode in SAMPLER_MODES:
         results[f"{mode}_vs_directional"] = (results[f"{mode}_1_thread"]
                                              / results["directional_1_thread"])
