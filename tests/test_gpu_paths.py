@@ -15,14 +15,17 @@ from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed.launch import launch_local, spawn
 from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.sampling import draws
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train.inference import layerwise_logits
 
 import _gpu_ranks
-from test_neighbor_loader import (WEIGHTS, check_names_callers_edges, check_per_hop,
-                                  check_three_of_eight_uniform, global_edges, random_graph,
-                                  star, weighted_star)
+from test_neighbor_loader import (WEIGHTS, centres_of_degrees,
+                                  check_names_callers_edges, check_per_hop,
+                                  check_successive_pairs_for_mixed_degrees,
+                                  check_three_of_eight_uniform, drawn_leaves, global_edges,
+                                  random_graph, star, weighted_star)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -144,6 +147,18 @@ def test_weighted_single_draws_are_proportional_to_weight_on_cuda(replace):
     assert counts[4] == 0, "a weight-0 edge was drawn"
     expected = WEIGHTS[:4].double() / WEIGHTS.sum() * c
     assert chisquare(counts[:4].numpy(), expected.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("padding_budget", [0, 10 ** 9])
+def test_weighted_key_matrices_on_cuda(padding_budget, monkeypatch):
+    """Weighted key matrices shared by nodes of several degrees (the GPU budget): padding is
+    never drawn, pairs follow successive draws, zero weights fill short nodes."""
+    monkeypatch.setattr(draws, "_PADDING_BUDGET_GPU", padding_budget)
+    check_successive_pairs_for_mixed_degrees(on_cuda)
+    degree = torch.tensor([4, 5, 6, 7]).repeat(50)
+    leaf_weight = torch.tensor([1.0, 0, 0, 0, 0, 0, 0])
+    picks = drawn_leaves(on_cuda(centres_of_degrees(degree, leaf_weight)), degree, 3)
+    assert (picks[:, 0] == 0).all()
 
 
 def test_backward_samples_out_neighbours_on_cuda():

@@ -254,11 +254,11 @@ def centres_of_degrees(degree, leaf_weight, shuffle_seed=None):
 
 def drawn_leaves(data, degree, fanout):
     """``[centres, fanout]`` leaves each centre drew (sorted), checked to be its own and
-    distinct."""
+    distinct; the draws run where ``data`` is."""
     num_centres = degree.numel()
     out = NeighborSampler(data, [fanout], weight_attr="weight", seed=0).sample(
-        torch.arange(num_centres))
-    dst, src = out.node[out.col], out.node[out.row] - num_centres
+        torch.arange(num_centres, device=data.edge_index.device))
+    dst, src = out.node[out.col].cpu(), out.node[out.row].cpu() - num_centres
     assert torch.equal(dst, torch.arange(num_centres).repeat_interleave(fanout))
     assert (src < degree[dst]).all(), "drew an edge that is not the node's own"
     picks = src.view(num_centres, fanout).sort(1).values
@@ -275,9 +275,16 @@ def test_weighted_pairs_are_exact_for_mixed_degrees_sharing_key_matrices(padding
     zeros past the last node) must never be drawn, and every degree must still get exact
     successive draws."""
     monkeypatch.setattr(draws, "_PADDING_BUDGET_CPU", padding_budget)
+    check_successive_pairs_for_mixed_degrees(lambda data: data)
+
+
+def check_successive_pairs_for_mixed_degrees(place):
+    """Pairs drawn from nodes of degrees 3 to 8 (neighbours in the CSC differ in degree), on
+    a shuffled edge list placed by ``place``, follow successive draws for every degree."""
     degrees, per_degree, weights = range(3, 9), 3000, torch.arange(1.0, 9.0)
-    degree = torch.tensor(list(degrees)).repeat(per_degree)  # neighbours differ in degree
-    pairs = drawn_leaves(centres_of_degrees(degree, weights, shuffle_seed=2), degree, 2)
+    degree = torch.tensor(list(degrees)).repeat(per_degree)
+    data = place(centres_of_degrees(degree, weights, shuffle_seed=2))
+    pairs = drawn_leaves(data, degree, 2)
     for d in degrees:
         w = weights[:d].double()
         total = float(w.sum())
