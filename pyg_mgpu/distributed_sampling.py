@@ -14,7 +14,9 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.train.config import MODELS, ConfigError, TrainConfig
+from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON,
+                                   INFERENCE_MODES, MODELS, RECIPES, SAMPLERS,
+                                   ConfigError, TrainConfig)
 
 
 def parse_fanout(text: str) -> tuple[int, ...]:
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", default=d.devices,
                    help="auto, cpu, cuda or cuda:0,1,... (cuda:0,0: two ranks on GPU 0, with "
                         "--backend gloo)")
-    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default=d.backend,
+    p.add_argument("--backend", choices=BACKENDS, default=d.backend,
                    help="process-group backend: auto = NCCL on GPU ranks, gloo on CPU ranks; "
                         "gloo on GPUs lets several ranks share one GPU (NCCL refuses that), "
                         "for testing multi-rank logic on one GPU")
@@ -74,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay,
                    help="Adam's L2 penalty (PyG's Cora examples use 5e-4)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--eval-on", choices=["rank0", "all"], default=d.eval_on)
+    p.add_argument("--eval-on", choices=EVAL_MODES, default=d.eval_on)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--out", default=d.out, help="output folder (default: runs/<timestamp>)")
-    p.add_argument("--sampler", choices=["auto", "native", "pyg"], default=d.sampler)
+    p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler)
     p.add_argument("--num-workers", type=int, default=d.num_workers,
                    help="DataLoader worker processes per rank for sampling")
     p.add_argument("--prefetch", type=int, default=d.prefetch,
@@ -88,14 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "no generator of its own, so runs would not repeat)")
     p.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
                    help="seconds a collective may wait for a peer before the job fails")
-    p.add_argument("--amp", choices=["none", "bf16"], default=d.amp,
+    p.add_argument("--amp", choices=AMP_MODES, default=d.amp,
                    help="bf16 autocast for the model, features stored in bf16 (CPU with "
                         "AVX512-BF16/AMX, or GPU)")
     p.add_argument("--compile", action="store_true", default=d.compile,
                    help="torch.compile the model (dynamic shapes; inductor fuses ReLU and "
                         "dropout itself). Meant for GPUs; on CPU it measured slower than the "
                         "default fused kernels")
-    p.add_argument("--inference", choices=["sampled", "layerwise"], default=d.inference,
+    p.add_argument("--inference", choices=INFERENCE_MODES, default=d.inference,
                    help="layerwise: also evaluate the best model exactly (all neighbours, layer "
                         "by layer over all nodes, sharded across ranks)")
     p.add_argument("--graph-on", choices=["auto", "cpu", "gpu"], default=d.graph_on,
@@ -105,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU ranks with the graph in host memory cache the most-sampled feature "
                         "rows on the GPU, up to this size; default: up to a quarter of the free "
                         "GPU memory; 0 turns it off")
-    p.add_argument("--recipe", choices=["pyg_mgpu", "pyg"], default=d.recipe,
+    p.add_argument("--recipe", choices=RECIPES, default=d.recipe,
                    help="pyg = PyG's example model as written (untrimmed), the benchmark baseline")
     p.add_argument("--resume", default=d.resume, metavar="RUN_DIR",
                    help="continue the run whose checkpoint.pt is in RUN_DIR (writes there too "
@@ -116,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "~/.cache/pyg_mgpu/graphs)")
     p.add_argument("--no-cache", action="store_true", default=d.no_cache,
                    help="convert the dataset on every run and keep no cache")
-    p.add_argument("--features-on", choices=["auto", "shm", "mmap"], default=d.features_on,
+    p.add_argument("--features-on", choices=FEATURES_ON, default=d.features_on,
                    help="shm: copy the graph to /dev/shm for the ranks; mmap: the ranks map the "
                         "graph cache's files, which the kernel pages in as batches read them "
                         "(for graphs larger than /dev/shm or RAM); auto: mmap when /dev/shm "
