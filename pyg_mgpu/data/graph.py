@@ -227,13 +227,11 @@ class GraphStore:
             raise DatasetError(f"{name}: edge_index must hold integer node ids, got "
                                f"{edge_index.dtype}.")
         src, dst = edge_index
-        forward = edge_chunks(src, dst)
-        backward = edge_chunks(dst, src)
 
         def edges() -> Iterator[tuple[Tensor, Tensor]]:
-            yield from forward()
+            yield from edge_chunks(src, dst)()
             if add_reverse:
-                yield from backward()
+                yield from edge_chunks(dst, src)()
 
         return cls.from_edge_chunks(name, edges, x, y, train_idx, val_idx, test_idx,
                                     num_classes)
@@ -319,8 +317,7 @@ def _validate(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
     if torch.is_floating_point(y) and not torch.equal(y, y.round()):
         raise DatasetError(f"{name}: labels y must be integer class ids, got fractional values.")
     seen = torch.zeros(num_nodes, dtype=torch.bool)
-    for split_name, idx in zip(SPLITS, splits):
-        idx = idx.view(-1)
+    for split_name, idx in zip(SPLITS, splits):  # flattened by the caller
         if idx.numel() == 0:
             raise DatasetError(f"{name}: split {split_name} is empty; every split needs nodes.")
         if torch.is_floating_point(idx) or idx.dtype == torch.bool:
