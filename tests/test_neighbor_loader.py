@@ -278,10 +278,11 @@ def test_weighted_pairs_are_exact_for_mixed_degrees_sharing_key_matrices(padding
     check_successive_pairs_for_mixed_degrees(lambda data: data)
 
 
-def check_successive_pairs_for_mixed_degrees(place):
-    """Pairs drawn from nodes of degrees 3 to 8 (neighbours in the CSC differ in degree), on
-    a shuffled edge list placed by ``place``, follow successive draws for every degree."""
-    degrees, per_degree, weights = range(3, 9), 3000, torch.arange(1.0, 9.0)
+def check_successive_pairs_for_mixed_degrees(place, degrees=range(3, 9),
+                                             weights=torch.arange(1.0, 9.0), per_degree=3000):
+    """Pairs drawn from nodes of the given degrees (neighbours in the CSC differ in degree),
+    leaf ``j`` weighted ``weights[j]``, on a shuffled edge list placed by ``place``, follow
+    successive draws for every degree."""
     degree = torch.tensor(list(degrees)).repeat(per_degree)
     data = place(centres_of_degrees(degree, weights, shuffle_seed=2))
     pairs = drawn_leaves(data, degree, 2)
@@ -314,6 +315,48 @@ def test_weighted_fills_with_zero_weights_never_with_padding(padding_budget, mon
     leaf_weight = torch.tensor([1.0, 0, 0, 0, 0, 0, 0])  # leaf 0 alone is positive
     picks = drawn_leaves(centres_of_degrees(degree, leaf_weight), degree, 3)
     assert (picks[:, 0] == 0).all()
+
+
+def rows_drawn_by_rejection(monkeypatch):
+    """A list that collects how many nodes each call of the rejection draws served."""
+    rows, original = [], draws._weighted_by_rejection
+
+    def spy(weight, bound, start, deg, k, generator):
+        rows.append(deg.numel())
+        return original(weight, bound, start, deg, k, generator)
+    monkeypatch.setattr(draws, "_weighted_by_rejection", spy)
+    return rows
+
+
+@pytest.mark.parametrize("tries_per_draw, unclaimed", [(3, 2 ** 15 - 1), (1, 7)])
+def test_weighted_pairs_are_exact_by_rejection(tries_per_draw, unclaimed, monkeypatch):
+    """Nodes with many in-edges of similar weights draw by rejection (tries with replacement,
+    the first distinct edges kept), the others by keys. Both must give successive draws, also
+    when a round repeats edges among its tries, and when the claims are cleared every few
+    rounds (the second case, with 2 tries per round)."""
+    monkeypatch.setattr(draws, "_REJECTION_MIN_DEGREE", 0)  # fanout 2: degree 16 and up
+    monkeypatch.setattr(draws, "_REJECTION_TRIES_PER_DRAW", tries_per_draw)
+    monkeypatch.setattr(draws, "_UNCLAIMED", unclaimed)
+    rows = rows_drawn_by_rejection(monkeypatch)
+    check_successive_pairs_for_mixed_degrees(lambda data: data, degrees=(6, 16, 20),
+                                             weights=torch.linspace(1, 3, 20), per_degree=6000)
+    assert sum(rows) == 2 * 6000, "the nodes of degree 16 and 20 must draw by rejection"
+
+
+def test_rejection_never_draws_weight_zero(monkeypatch):
+    monkeypatch.setattr(draws, "_REJECTION_MIN_DEGREE", 0)  # fanout 4: degree 32 and up
+    rows = rows_drawn_by_rejection(monkeypatch)
+    degree = torch.full((500,), 32)
+    leaf_weight = torch.cat([torch.zeros(8), torch.ones(24)])  # mean / largest = 3/4
+    picks = drawn_leaves(centres_of_degrees(degree, leaf_weight, shuffle_seed=3), degree, 4)
+    assert sum(rows) == 500 and (picks >= 8).all()
+
+
+def test_rejection_bounds_are_the_largest_weight_of_nodes_that_suit_it():
+    weight = torch.tensor([0.0, 0.0, 2, 2, 2, 10, 1, 1, 1, 10, 0, 0, 0, 0])
+    colptr = torch.tensor([0, 0, 2, 5, 9, 14])
+    # No in-edges; all weight 0; equal; mean / largest 13/40; mean / largest 10/50 < 1/4.
+    assert draws.rejection_bounds(weight, colptr).tolist() == [0, 0, 2, 10, 0]
 
 
 def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():

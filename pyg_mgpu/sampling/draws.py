@@ -14,14 +14,33 @@ samplers emit. The draws follow ``pyg-lib``'s rules:
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 
+class EdgeWeights(NamedTuple):
+    """A graph's sampling weights in CSC order, in the forms weighted draws read
+    (built by :func:`edge_weights`)."""
+    weight: Tensor  # with replacement [E]; without, padded by weights_for_row_views
+    cum_weight: Optional[Tensor]  # with replacement: [E] float64 inclusive running sum
+    bound: Optional[Tensor]  # without replacement, on the CPU: [N] rejection_bounds
+
+
+def edge_weights(weight: Tensor, colptr: Tensor, replace: bool) -> EdgeWeights:
+    """The forms of ``weight`` (non-negative, float32, CSC order) that weighted draws with or
+    without replacement read; only what ``replace`` and the device need is built."""
+    if replace:
+        return EdgeWeights(weight, torch.cumsum(weight, 0, dtype=torch.float64), None)
+    # Rejection draws are not yet measured on a GPU, where keys are cheap.
+    bound = rejection_bounds(weight, colptr) if weight.device.type == "cpu" else None
+    return EdgeWeights(weights_for_row_views(weight, colptr), None, bound)
+
+
 def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
-              weight: Optional[Tensor] = None, cum_weight: Optional[Tensor] = None,
+              weights: Optional[EdgeWeights] = None,
               generator: Optional[torch.Generator] = None,
               offset_type: torch.dtype = torch.int64) -> tuple[Tensor, Tensor]:
     """Samples the in-edges of every node in ``dst`` for one hop.
@@ -31,10 +50,7 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
         dst: ``[M]`` int64 frontier nodes.
         fanout: Edges to draw per node; ``-1`` keeps every in-edge.
         replace: Draw with replacement.
-        weight: Non-negative edge weights in CSC order, for weighted draws: ``[E]`` with
-            ``replace``, else padded by :func:`weights_for_row_views`.
-        cum_weight: ``[E]`` inclusive cumulative sum of ``weight`` (float64), for weighted
-            draws with replacement.
+        weights: The edge weights from :func:`edge_weights`, for weighted draws.
         generator: Random generator on ``colptr``'s device.
         offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
 
@@ -66,17 +82,20 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
     big_first, big_start = first_slot.index_select(0, big), start.index_select(0, big)
     big_deg = deg.index_select(0, big)
     slot = torch.arange(fanout, device=dst.device)
-    if weight is not None and not replace:  # one row per node: [nodes, fanout]
-        order, drawn = _weighted_without_replacement(weight, big_start, big_deg, fanout,
-                                                     generator)
+    if weights is not None and not replace:  # one row per node: [nodes, fanout]
+        big_bound = weights.bound
+        if big_bound is not None:
+            big_bound = big_bound.index_select(0, dst.index_select(0, big))
+        order, drawn = _weighted_without_replacement(weights.weight, big_bound, big_start,
+                                                     big_deg, fanout, generator)
         slots = big_first.index_select(0, order).unsqueeze(1) + slot
     else:  # one row per draw step: [fanout, nodes]
-        if weight is None and replace:
+        if weights is None and replace:
             drawn = _uniform_with_replacement(big_deg, fanout, generator)
-        elif weight is None:
+        elif weights is None:
             drawn = _floyd(big_deg, fanout, generator, offset_type)
         else:
-            drawn = _inverse_cdf(cum_weight, big_start, big_deg, fanout, generator)
+            drawn = _inverse_cdf(weights.cum_weight, big_start, big_deg, fanout, generator)
         slots = big_first + slot.unsqueeze(1)
         drawn.add_(big_start)
     edge.index_copy_(0, slots.view(-1), drawn.view(-1))
@@ -172,8 +191,116 @@ def _key_matrices(degrees: list[int], counts: list[int], budget: int) -> list[_K
     return groups
 
 
-def _weighted_without_replacement(weight: Tensor, start: Tensor, deg: Tensor, k: int,
-                                  generator) -> tuple[Tensor, Tensor]:
+# Rejection draws (CPU): a node with many in-edges of not too unequal weights takes ~k tries
+# for k draws, where its keys cost one per in-edge. A try succeeds with probability at least
+# the node's acceptance (mean weight / largest) minus (k - 1) / degree, so the minimum
+# acceptance and degree per draw keep it above 1/8 and the rounds few.
+_REJECTION_MIN_ACCEPTANCE = 0.25
+_REJECTION_DEGREE_PER_DRAW = 8
+_REJECTION_MIN_DEGREE = 64  # measured on one CPU thread, fanouts 25,10 and 5,5: 16 to 128
+# were alike (and 8 * fanout is above it for fanout >= 8)
+_REJECTION_TRIES_PER_DRAW = 3  # tries per missing draw in a round
+_UNCLAIMED = torch.iinfo(torch.int16).max
+
+
+def rejection_bounds(weight: Tensor, colptr: Tensor) -> Tensor:
+    """``[N]`` per node: its largest in-edge weight where its in-edges suit rejection draws
+    (mean weight at least ``_REJECTION_MIN_ACCEPTANCE`` of the largest), else 0."""
+    weight = weight[:int(colptr[-1])]
+    largest = torch.segment_reduce(weight, "max", offsets=colptr, initial=0.0)
+    total = torch.segment_reduce(weight, "sum", offsets=colptr, initial=0.0)
+    acceptance = total / (largest * (colptr[1:] - colptr[:-1]))  # NaN without positive weights
+    return torch.where(acceptance >= _REJECTION_MIN_ACCEPTANCE, largest, 0.0)
+
+
+def _weighted_without_replacement(weight: Tensor, bound: Optional[Tensor], start: Tensor,
+                                  deg: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
+    """``k`` distinct edges per node, drawn one at a time proportionally to weight: by
+    rejection (:func:`_weighted_by_rejection`) for nodes with a positive ``bound`` (on the
+    CPU) and enough edges, else by keys (:func:`_weighted_by_keys`).
+
+    Returns:
+        ``(order, edge)``: positions in ``deg``, and ``[len(deg), k]`` CSC positions of the
+        drawn edges, one row per node in that order.
+    """
+    if bound is None:
+        return _weighted_by_keys(weight, start, deg, k, generator)
+    min_degree = max(_REJECTION_MIN_DEGREE, _REJECTION_DEGREE_PER_DRAW * k)
+    by_rejection = (deg >= min_degree).logical_and_(bound > 0)
+    rejected = by_rejection.nonzero().squeeze(1)
+    if rejected.numel() == 0:
+        return _weighted_by_keys(weight, start, deg, k, generator)
+    drawn = _weighted_by_rejection(weight, bound.index_select(0, rejected),
+                                   start.index_select(0, rejected),
+                                   deg.index_select(0, rejected), k, generator)
+    keyed = by_rejection.logical_not_().nonzero().squeeze(1)
+    if keyed.numel() == 0:
+        return rejected, drawn
+    order, keyed_drawn = _weighted_by_keys(weight, start.index_select(0, keyed),
+                                           deg.index_select(0, keyed), k, generator)
+    return torch.cat([rejected, keyed.index_select(0, order)]), torch.cat([drawn, keyed_drawn])
+
+
+def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Tensor, k: int,
+                           generator) -> Tensor:
+    """``[len(deg), k]`` CSC positions: ``k`` distinct edges per node, drawn one at a time
+    with probability proportional to the remaining edges' weights.
+
+    A try picks one of a node's edges uniformly and keeps it with probability
+    ``weight / bound``: a draw with replacement proportional to weight. The first ``k``
+    distinct edges of such a stream follow the same law as drawing proportionally, removing
+    the edge and repeating (given the edges taken, the next new one is proportional to the
+    weights of the rest). Each round, every node still short of ``k`` makes a row of tries,
+    whose first successful try at each edge not drawn before is a new draw, in row order.
+    """
+    n = deg.numel()
+    drawn = torch.empty(n, k, dtype=torch.long)
+    # One int16 per (node, edge), 0 once the edge is drawn. A round's successful tries claim
+    # their edges by scatter-min, try j proposing `ceiling + j`: the lowest claim is the first
+    # try. Each round's proposals lie below the last round's, so the claims a round leaves
+    # never block the next; before they would reach 0, the claims are cleared.
+    first_cell = torch.cumsum(deg, 0).sub_(deg)
+    claim = torch.full((int(first_cell[-1] + deg[-1]),), _UNCLAIMED, dtype=torch.int16)
+    ceiling = _UNCLAIMED
+    row, count = torch.arange(n), torch.zeros(n, dtype=torch.long)
+    while True:
+        need = k - count
+        tries = min(math.ceil(_REJECTION_TRIES_PER_DRAW * int(need.max())), _UNCLAIMED - 1)
+        if ceiling - tries < 1:
+            claim.masked_fill_(claim != 0, _UNCLAIMED)
+            ceiling = _UNCLAIMED
+        ceiling -= tries
+        proposal = torch.arange(ceiling, ceiling + tries, dtype=torch.int16)
+        # One uniform u per try: floor(u * deg) picks the edge, and the fraction left over is
+        # a fresh uniform (on a grid of deg * 2^-53) that decides the try's success.
+        spot = torch.rand(row.numel(), tries, dtype=torch.float64, generator=generator)
+        spot.mul_(deg.unsqueeze(1))
+        offset = spot.long().clamp_(max=deg.unsqueeze(1) - 1)
+        edge = offset + start.unsqueeze(1)
+        success = spot.sub_(offset).mul_(bound.unsqueeze(1)) < weight.index_select(
+            0, edge.view(-1)).view_as(edge)
+        cell = offset.add_(first_cell.unsqueeze(1)).view(-1)
+        claim.scatter_reduce_(0, cell, torch.where(success, proposal, _UNCLAIMED).view(-1),
+                              "amin")
+        new = success.logical_and_(claim.index_select(0, cell).view_as(success) == proposal)
+        rank = new.view(torch.uint8).cumsum(1, dtype=torch.int16)
+        new.logical_and_(rank <= need.unsqueeze(1))
+        # Draw number count + rank of a row goes to its column count + rank - 1.
+        hit = new.view(-1).nonzero().squeeze(1)
+        slot = (row * k + count - 1).index_select(0, hit.div(tries, rounding_mode="floor"))
+        drawn.view(-1).index_copy_(0, slot.add_(rank.view(-1).index_select(0, hit)),
+                                   edge.view(-1).index_select(0, hit))
+        claim.index_fill_(0, cell.index_select(0, hit), 0)
+        count = count + torch.minimum(rank[:, -1], need)
+        short = (count < k).nonzero().squeeze(1)
+        if short.numel() == 0:
+            return drawn
+        row, start, deg, bound, first_cell, count = (
+            t.index_select(0, short) for t in (row, start, deg, bound, first_cell, count))
+
+
+def _weighted_by_keys(weight: Tensor, start: Tensor, deg: Tensor, k: int,
+                      generator) -> tuple[Tensor, Tensor]:
     """``k`` distinct edges per node, drawn one at a time proportionally to weight.
 
     Efraimidis and Spirakis (2006): give every edge the key ``Exp(1) / weight`` and keep each

@@ -30,7 +30,7 @@ from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import CSC, csc_of
-from pyg_mgpu.sampling.draws import hop_edges, weights_for_row_views
+from pyg_mgpu.sampling.draws import EdgeWeights, edge_weights, hop_edges
 
 
 def _unseen(lookup_type: torch.dtype) -> int:
@@ -96,7 +96,7 @@ class NeighborSampler(PyGNeighborSampler):
         self.colptr, self.row, self.perm = self.csc.colptr, self.csc.row, self.csc.perm
         # Outputs are int32 for an int32 edge_index, as PyG's are.
         self.index_dtype = torch.int32 if data.edge_index.dtype == torch.int32 else torch.long
-        self.edge_weight, self.cum_weight = _csc_weights(data, weight_attr, self.csc, replace)
+        self.weights = _csc_weights(data, weight_attr, self.csc, replace)
 
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.replace = replace
@@ -180,7 +180,7 @@ class NeighborSampler(PyGNeighborSampler):
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             return empty, empty
         return hop_edges(self.colptr, frontier, fanout, replace=self.replace,
-                         weight=self.edge_weight, cum_weight=self.cum_weight,
+                         weights=self.weights,
                          generator=self.generator, offset_type=self._offset_type)
 
     def _sample_joint(self, seed: Tensor) -> SamplerOutput:
@@ -317,11 +317,11 @@ def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> N
 
 
 def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,
-                 replace: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """The sampling weights in CSC order, and for draws with replacement their running sum
-    (float64, 8 bytes per edge: only built when needed)."""
+                 replace: bool) -> Optional[EdgeWeights]:
+    """The sampling weights in CSC order, in the forms the draws read (for draws with
+    replacement a float64 running sum, 8 bytes per edge: only built when needed)."""
     if weight_attr is None:
-        return None, None
+        return None
     if weight_attr not in data or not isinstance(data[weight_attr], Tensor):
         raise ValueError(f"weight_attr={weight_attr!r} is not a tensor attribute of the graph.")
     weight = data[weight_attr]
@@ -335,9 +335,7 @@ def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,
     weight = weight.to(csc.row.device)
     if csc.perm is not None:
         weight = weight.index_select(0, csc.perm)
-    if replace:
-        return weight, torch.cumsum(weight, 0, dtype=torch.float64)
-    return weights_for_row_views(weight, csc.colptr), None
+    return edge_weights(weight, csc.colptr, replace)
 
 
 def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
