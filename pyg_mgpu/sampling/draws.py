@@ -192,13 +192,14 @@ def _key_matrices(degrees: list[int], counts: list[int], budget: int) -> list[_K
 
 
 # Rejection draws (CPU): a node with many in-edges of not too unequal weights takes ~k tries
-# for k draws, where its keys cost one per in-edge. A try succeeds with probability at least
-# the node's acceptance (mean weight / largest) minus (k - 1) / degree, so the minimum
-# acceptance and degree per draw keep it above 1/8 and the rounds few.
+# for k draws, where keys cost one per in-edge. A try yields a new draw with probability at
+# least the node's acceptance (mean weight / largest) minus (k - 1) / degree: the minimum
+# acceptance and degree per draw keep that above 1/8, so every node finishes in few rounds.
 _REJECTION_MIN_ACCEPTANCE = 0.25
 _REJECTION_DEGREE_PER_DRAW = 8
-_REJECTION_MIN_DEGREE = 64  # measured on one CPU thread, fanouts 25,10 and 5,5: 16 to 128
-# were alike (and 8 * fanout is above it for fanout >= 8)
+# Below it keys were as fast (one CPU thread, fanouts 25,10 and 5,5: minimums of 16 to 128
+# measured alike; for fanouts of 8 and up, 8 * fanout is the higher bound anyway).
+_REJECTION_MIN_DEGREE = 64
 _REJECTION_TRIES_PER_DRAW = 3  # tries per missing draw in a round
 _UNCLAIMED = torch.iinfo(torch.int16).max
 
