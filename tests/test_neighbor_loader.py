@@ -352,6 +352,23 @@ def test_rejection_never_draws_weight_zero(monkeypatch):
     assert sum(rows) == 500 and (picks >= 8).all()
 
 
+def test_rejection_draws_each_disjoint_tree_apart(monkeypatch):
+    """With disjoint trees one node is drawn for several times in a hop; each time must get
+    its own distinct edges, not share what another tree took."""
+    monkeypatch.setattr(draws, "_REJECTION_MIN_DEGREE", 0)  # fanout 4: degree 32 and up
+    rows = rows_drawn_by_rejection(monkeypatch)
+    data = centres_of_degrees(torch.tensor([32]), torch.ones(32), shuffle_seed=4)
+    out = NeighborSampler(data, [4], weight_attr="weight", disjoint=True, seed=0).sample(
+        torch.zeros(300, dtype=torch.long))
+    assert sum(rows) == 300
+    leaves = (out.node[out.row] - 1).view(300, 4).sort(1).values
+    assert torch.equal(out.batch[out.row], torch.arange(300).repeat_interleave(4))
+    assert (leaves[:, 1:] > leaves[:, :-1]).all(), "an edge drawn twice in one tree"
+    # Equal weights: every leaf is in a tree's draw with probability 4/32.
+    counts = torch.bincount(leaves.view(-1), minlength=32).double()
+    assert chisquare(counts.numpy()).pvalue > 1e-3
+
+
 def test_rejection_bounds_are_the_largest_weight_of_nodes_that_suit_it():
     weight = torch.tensor([0.0, 0.0, 2, 2, 2, 10, 1, 1, 1, 10, 0, 0, 0, 0])
     colptr = torch.tensor([0, 0, 2, 5, 9, 14])

@@ -201,6 +201,7 @@ _REJECTION_DEGREE_PER_DRAW = 8
 # measured alike; for fanouts of 8 and up, 8 * fanout is the higher bound anyway).
 _REJECTION_MIN_DEGREE = 64
 _REJECTION_TRIES_PER_DRAW = 3  # tries per missing draw in a round
+_REJECTION_MAX_ROUNDS = 1000  # a safeguard: a node makes no progress in a round w.p. < 0.7
 _UNCLAIMED = torch.iinfo(torch.int16).max
 
 
@@ -264,7 +265,7 @@ def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Te
     claim = torch.full((int(first_cell[-1] + deg[-1]),), _UNCLAIMED, dtype=torch.int16)
     ceiling = _UNCLAIMED
     row, count = torch.arange(n), torch.zeros(n, dtype=torch.long)
-    while True:
+    for _ in range(_REJECTION_MAX_ROUNDS):
         need = k - count
         tries = min(math.ceil(_REJECTION_TRIES_PER_DRAW * int(need.max())), _UNCLAIMED - 1)
         if ceiling - tries < 1:
@@ -298,6 +299,8 @@ def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Te
             return drawn
         row, start, deg, bound, first_cell, count = (
             t.index_select(0, short) for t in (row, start, deg, bound, first_cell, count))
+    raise RuntimeError(f"weighted draws by rejection did not finish in {_REJECTION_MAX_ROUNDS} "
+                       "rounds (a few are expected): a pyg_mgpu bug, please report it.")
 
 
 def _weighted_by_keys(weight: Tensor, start: Tensor, deg: Tensor, k: int,
