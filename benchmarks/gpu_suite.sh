@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Issue 15's GPU suite: everything to measure on a lent GPU, in two commands.
+# Issue 15's GPU suite: everything to measure on a lent GPU, in commands that each fit in one
+# 10-minute device call.
 #
-#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT quick   # ~12 min: versions, pytest -m gpu,
-#                                                          # GPU sampler 1M/2.4M, 9 CLI variants,
-#                                                          # 2 gloo ranks on one GPU
-#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full    # ~12 min: products-scale training bench
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT tests     # versions, pytest -m gpu, GPU
+#                                                          # sampler on 1M / 2.4M nodes
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, 2 gloo ranks on
+#                                                          # one GPU
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
 #                                                          # with nvidia-smi sampling
-#   bash benchmarks/gpu_suite.sh OUT all                  # both (~25 min: over one 10-min call)
-#   DRY_RUN=1 bash benchmarks/gpu_suite.sh OUT quick      # print the commands, run nothing
+#   bash benchmarks/gpu_suite.sh OUT quick                  # tests, then variants
+#   bash benchmarks/gpu_suite.sh OUT all                    # all three (over one call)
+#   DRY_RUN=1 bash benchmarks/gpu_suite.sh OUT all          # print the commands, run nothing
 #
 # Each step runs under `timeout`, logs to OUT/<step>.log, and the suite goes on after a
 # failure. OUT/summary.md gets one row per step (exit code, seconds, key numbers from its
@@ -18,7 +21,13 @@
 set -u
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [quick|full|all]}
 PART=${2:-all}
-case "$PART" in quick|full|all) ;; *) echo "part must be quick, full or all" >&2; exit 2;; esac
+case "$PART" in
+  tests|variants|full|quick|all) ;;
+  *) echo "part must be tests, variants, full, quick or all" >&2; exit 2;;
+esac
+want() {  # want tests|variants|full: whether PART includes it
+  case "$PART" in all) true;; quick) [ "$1" != full ];; *) [ "$1" = "$PART" ];; esac
+}
 PY=${PYTHON:-python}
 DEV=${SUITE_DEVICES:-cuda:0}
 NODES=${SUITE_NODES:-200000}
@@ -98,7 +107,7 @@ train() {  # train NAME TIMEOUT_S FLAGS...: one CLI run on the moderate syntheti
     --batch-size 1024 --epochs "$EPOCHS" --out "$OUT/$name" "$@"
 }
 
-if [ "$PART" != full ]; then
+if want tests; then
   step env 60 bash -c "nvidia-smi; $PY -c 'import torch, torch_geometric as g; \
 print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"available\", \
 torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"\"); \
@@ -110,6 +119,9 @@ print(\"torch_geometric\", g.__version__)'; git log --oneline -1"
       --num-nodes "$2" --num-edges "$3" --fanout 15,10,5 --batch-size 1024 --batches 30 \
       --out "$OUT/sampler_$1"
   done
+fi
+
+if want variants; then
   # The 9 end-to-end variants, 1 rank with NCCL (ranks: cuda:0), same graph and seed:
   # compare test_acc across them in summary.md (bf16/compile may differ by noise only).
   train graph_gpu 240 --devices "$DEV" --graph-on gpu
@@ -127,7 +139,7 @@ print(\"torch_geometric\", g.__version__)'; git log --oneline -1"
     --inference layerwise
 fi
 
-if [ "$PART" != quick ]; then
+if want full; then
   # Products scale: 2.4M nodes, 62M edges, 100 features; pyg_recipe is reported as skipped
   # without pyg-lib/torch-sparse: pyg_model_native_sampler is then the PyG-model baseline.
   if [ "$DRY" != 1 ]; then

@@ -1,5 +1,8 @@
 """The benchmark command: ratios, its JSON, and a tiny real run of the training and sampler modes."""
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +77,30 @@ def test_sampler_bench_reports_edges_per_second(tmp_path):
         assert results[f"{mode}_1_thread"] > 0, mode
         assert results[f"{mode}_vs_directional"] > 0, mode
     assert results["directional_loader_0_workers"] > 0
+
+
+GPU_SUITE_PARTS = {
+    "tests": ["env", "pytest_gpu", "sampler_1m", "sampler_2_4m"],
+    "variants": ["graph_gpu", "graph_cpu_cache", "graph_cpu_mmap", "amp_bf16", "compile",
+                 "prefetch2", "layerwise", "eval_all", "resume", "gloo_2ranks"],
+    "full": ["products"],
+}
+
+
+@pytest.mark.parametrize("part", ["tests", "variants", "full", "quick", "all"])
+def test_gpu_suite_parts_split_the_steps_into_device_calls(tmp_path, part):
+    """The GPU suite's parts (a 10-minute device call each) together run every step once."""
+    expected = {"quick": GPU_SUITE_PARTS["tests"] + GPU_SUITE_PARTS["variants"],
+                "all": sum(GPU_SUITE_PARTS.values(), [])}.get(part) or GPU_SUITE_PARTS[part]
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path), part], capture_output=True,
+                          text=True, env={**os.environ, "DRY_RUN": "1"}, check=True)
+    steps = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert steps == expected
+
+
+def test_gpu_suite_refuses_an_unknown_part(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path), "fast"], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and "part must be" in done.stderr
