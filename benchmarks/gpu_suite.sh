@@ -15,7 +15,8 @@
 # Each step runs under `timeout`, logs to OUT/<step>.log, and the suite goes on after a
 # failure. OUT/summary.md gets one row per step (exit code, seconds, key numbers from its
 # metrics.json / bench.json); it is rewritten after every step, so a cut-off run keeps what ran.
-# Overrides: SUITE_DEVICES (default cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default
+# SUITE_STEPS="name ..." runs only those steps of the part (e.g. the ones a cut-off call did not
+# reach; `resume` needs `graph_gpu` in the same OUT). Overrides: SUITE_DEVICES (default cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default
 # 200000/4000000), SUITE_EPOCHS (default 3), SUITE_GLOO_DEVICES (default cuda:0,0),
 # PYTHON (default python).
 set -u
@@ -89,6 +90,7 @@ PYEOF
 
 step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs it, records exit code and seconds
   local name=$1 limit=$2; shift 2
+  if [ -n "${SUITE_STEPS:-}" ] && [[ " $SUITE_STEPS " != *" $name "* ]]; then return 0; fi
   echo "== $name (limit ${limit}s): $*"
   if [ "$DRY" = 1 ]; then return 0; fi
   mkdir -p "$OUT/$name"

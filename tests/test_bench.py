@@ -99,6 +99,15 @@ def test_gpu_suite_parts_split_the_steps_into_device_calls(tmp_path, part):
     assert steps == expected
 
 
+def test_gpu_suite_runs_only_the_named_steps(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path), "variants"], capture_output=True,
+                          text=True, check=True,
+                          env={**os.environ, "DRY_RUN": "1", "SUITE_STEPS": "resume compile"})
+    steps = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert steps == ["compile", "resume"]
+
+
 def test_gpu_suite_refuses_an_unknown_part(tmp_path):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
     done = subprocess.run(["bash", str(script), str(tmp_path), "fast"], capture_output=True,
