@@ -16,9 +16,9 @@
 # failure. OUT/summary.md gets one row per step (exit code, seconds, key numbers from its
 # metrics.json / bench.json); it is rewritten after every step, so a cut-off run keeps what ran.
 # SUITE_STEPS="name ..." runs only those steps of the part (e.g. the ones a cut-off call did not
-# reach; `resume` needs `graph_gpu` in the same OUT). Overrides: SUITE_DEVICES (default cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default
-# 200000/4000000), SUITE_EPOCHS (default 3), SUITE_GLOO_DEVICES (default cuda:0,0),
-# PYTHON (default python).
+# reach; `resume` needs `graph_gpu` in the same OUT). Overrides: SUITE_DEVICES (default
+# cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default 200000/4000000), SUITE_EPOCHS
+# (default 3), SUITE_GLOO_DEVICES (default cuda:0,0), PYTHON (default python).
 set -u
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [quick|full|all]}
 PART=${2:-all}

@@ -15,7 +15,7 @@ from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed.launch import launch_local, spawn
 from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.nn.sage import GraphSAGE
-from pyg_mgpu.sampling import draws
+from pyg_mgpu.sampling import weighted
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train.inference import layerwise_logits
@@ -153,7 +153,7 @@ def test_weighted_single_draws_are_proportional_to_weight_on_cuda(replace):
 def test_weighted_key_matrices_on_cuda(padding_budget, monkeypatch):
     """Weighted key matrices shared by nodes of several degrees (the GPU budget): padding is
     never drawn, pairs follow successive draws, zero weights fill short nodes."""
-    monkeypatch.setattr(draws, "_PADDING_BUDGET_GPU", padding_budget)
+    monkeypatch.setattr(weighted, "_PADDING_BUDGET_GPU", padding_budget)
     check_successive_pairs_for_mixed_degrees(on_cuda)
     degree = torch.tensor([4, 5, 6, 7]).repeat(50)
     leaf_weight = torch.tensor([1.0, 0, 0, 0, 0, 0, 0])

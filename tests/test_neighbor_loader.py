@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import cached_csc
-from pyg_mgpu.sampling import draws
+from pyg_mgpu.sampling import weighted
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
@@ -274,7 +274,7 @@ def test_weighted_pairs_are_exact_for_mixed_degrees_sharing_key_matrices(padding
     matrix for all, padded to the largest degree). The padding (the next node's edges, or the
     zeros past the last node) must never be drawn, and every degree must still get exact
     successive draws."""
-    monkeypatch.setattr(draws, "_PADDING_BUDGET_CPU", padding_budget)
+    monkeypatch.setattr(weighted, "_PADDING_BUDGET_CPU", padding_budget)
     check_successive_pairs_for_mixed_degrees(lambda data: data)
 
 
@@ -310,7 +310,7 @@ def test_weighted_takes_zero_weights_only_to_fill():
 def test_weighted_fills_with_zero_weights_never_with_padding(padding_budget, monkeypatch):
     """A node with fewer positive weights than the fanout is filled with its weight-0 edges,
     even when it shares a padded key matrix with wider nodes."""
-    monkeypatch.setattr(draws, "_PADDING_BUDGET_CPU", padding_budget)
+    monkeypatch.setattr(weighted, "_PADDING_BUDGET_CPU", padding_budget)
     degree = torch.tensor([4, 5, 6, 7]).repeat(50)
     leaf_weight = torch.tensor([1.0, 0, 0, 0, 0, 0, 0])  # leaf 0 alone is positive
     picks = drawn_leaves(centres_of_degrees(degree, leaf_weight), degree, 3)
@@ -319,12 +319,12 @@ def test_weighted_fills_with_zero_weights_never_with_padding(padding_budget, mon
 
 def rows_drawn_by_rejection(monkeypatch):
     """A list that collects how many nodes each call of the rejection draws served."""
-    rows, original = [], draws._weighted_by_rejection
+    rows, original = [], weighted._weighted_by_rejection
 
     def spy(weight, bound, start, deg, k, generator):
         rows.append(deg.numel())
         return original(weight, bound, start, deg, k, generator)
-    monkeypatch.setattr(draws, "_weighted_by_rejection", spy)
+    monkeypatch.setattr(weighted, "_weighted_by_rejection", spy)
     return rows
 
 
@@ -334,9 +334,9 @@ def test_weighted_pairs_are_exact_by_rejection(tries_per_draw, unclaimed, monkey
     the first distinct edges kept), the others by keys. Both must give successive draws, also
     when a round repeats edges among its tries, and when the claims are cleared every few
     rounds (the second case, with 2 tries per round)."""
-    monkeypatch.setattr(draws, "_REJECTION_MIN_DEGREE", 0)  # fanout 2: degree 16 and up
-    monkeypatch.setattr(draws, "_REJECTION_TRIES_PER_DRAW", tries_per_draw)
-    monkeypatch.setattr(draws, "_UNCLAIMED", unclaimed)
+    monkeypatch.setattr(weighted, "_REJECTION_MIN_DEGREE", 0)  # fanout 2: degree 16 and up
+    monkeypatch.setattr(weighted, "_REJECTION_TRIES_PER_DRAW", tries_per_draw)
+    monkeypatch.setattr(weighted, "_UNCLAIMED", unclaimed)
     rows = rows_drawn_by_rejection(monkeypatch)
     check_successive_pairs_for_mixed_degrees(lambda data: data, degrees=(6, 16, 20),
                                              weights=torch.linspace(1, 3, 20), per_degree=6000)
@@ -344,7 +344,7 @@ def test_weighted_pairs_are_exact_by_rejection(tries_per_draw, unclaimed, monkey
 
 
 def test_rejection_never_draws_weight_zero(monkeypatch):
-    monkeypatch.setattr(draws, "_REJECTION_MIN_DEGREE", 0)  # fanout 4: degree 32 and up
+    monkeypatch.setattr(weighted, "_REJECTION_MIN_DEGREE", 0)  # fanout 4: degree 32 and up
     rows = rows_drawn_by_rejection(monkeypatch)
     degree = torch.full((500,), 32)
     leaf_weight = torch.cat([torch.zeros(8), torch.ones(24)])  # mean / largest = 3/4
@@ -355,7 +355,7 @@ def test_rejection_never_draws_weight_zero(monkeypatch):
 def test_rejection_draws_each_disjoint_tree_apart(monkeypatch):
     """With disjoint trees one node is drawn for several times in a hop; each time must get
     its own distinct edges, not share what another tree took."""
-    monkeypatch.setattr(draws, "_REJECTION_MIN_DEGREE", 0)  # fanout 4: degree 32 and up
+    monkeypatch.setattr(weighted, "_REJECTION_MIN_DEGREE", 0)  # fanout 4: degree 32 and up
     rows = rows_drawn_by_rejection(monkeypatch)
     data = centres_of_degrees(torch.tensor([32]), torch.ones(32), shuffle_seed=4)
     out = NeighborSampler(data, [4], weight_attr="weight", disjoint=True, seed=0).sample(
@@ -373,7 +373,7 @@ def test_rejection_bounds_are_the_largest_weight_of_nodes_that_suit_it():
     weight = torch.tensor([0.0, 0.0, 2, 2, 2, 10, 1, 1, 1, 10, 0, 0, 0, 0])
     colptr = torch.tensor([0, 0, 2, 5, 9, 14])
     # No in-edges; all weight 0; equal; mean / largest 13/40; mean / largest 10/50 < 1/4.
-    assert draws.rejection_bounds(weight, colptr).tolist() == [0, 0, 2, 10, 0]
+    assert weighted.rejection_bounds(weight, colptr).tolist() == [0, 0, 2, 10, 0]
 
 
 def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():

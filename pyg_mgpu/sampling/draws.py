@@ -11,32 +11,17 @@ samplers emit. The draws follow ``pyg-lib``'s rules:
   one by one with probability proportional to the remaining edges' weights (weighted).
 - with replacement: ``fanout`` independent draws for every node that has in-edges, uniform or
   proportional to edge weight.
+
+Weighted draws without replacement live in :mod:`pyg_mgpu.sampling.weighted`.
 """
 from __future__ import annotations
 
-import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-
-class EdgeWeights(NamedTuple):
-    """A graph's sampling weights in CSC order, in the forms weighted draws read
-    (built by :func:`edge_weights`)."""
-    weight: Tensor  # with replacement [E]; without, padded by weights_for_row_views
-    cum_weight: Optional[Tensor]  # with replacement: [E] float64 inclusive running sum
-    bound: Optional[Tensor]  # without replacement, on the CPU: [N] rejection_bounds
-
-
-def edge_weights(weight: Tensor, colptr: Tensor, replace: bool) -> EdgeWeights:
-    """The forms of ``weight`` (non-negative, float32, CSC order) that weighted draws with or
-    without replacement read; only what ``replace`` and the device need is built."""
-    if replace:
-        return EdgeWeights(weight, torch.cumsum(weight, 0, dtype=torch.float64), None)
-    # Rejection draws are not yet measured on a GPU, where keys are cheap.
-    bound = rejection_bounds(weight, colptr) if weight.device.type == "cpu" else None
-    return EdgeWeights(weights_for_row_views(weight, colptr), None, bound)
+from pyg_mgpu.sampling.weighted import EdgeWeights, weighted_without_replacement
 
 
 def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
@@ -50,7 +35,8 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
         dst: ``[M]`` int64 frontier nodes.
         fanout: Edges to draw per node; ``-1`` keeps every in-edge.
         replace: Draw with replacement.
-        weights: The edge weights from :func:`edge_weights`, for weighted draws.
+        weights: The edge weights from :func:`~pyg_mgpu.sampling.weighted.edge_weights`,
+            for weighted draws.
         generator: Random generator on ``colptr``'s device.
         offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
 
@@ -86,8 +72,8 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
         big_bound = weights.bound
         if big_bound is not None:
             big_bound = big_bound.index_select(0, dst.index_select(0, big))
-        order, drawn = _weighted_without_replacement(weights.weight, big_bound, big_start,
-                                                     big_deg, fanout, generator)
+        order, drawn = weighted_without_replacement(weights.weight, big_bound, big_start,
+                                                    big_deg, fanout, generator)
         slots = big_first.index_select(0, order).unsqueeze(1) + slot
     else:  # one row per draw step: [fanout, nodes]
         if weights is None and replace:
@@ -147,218 +133,3 @@ def _inverse_cdf(cum_weight: Tensor, start: Tensor, deg: Tensor, k: int, generat
     # Rounding can land a hair outside the node's interval; zero-weight edges are never hit
     # from inside it (their interval is empty).
     return torch.minimum(torch.maximum(pos, start), end).sub_(start)
-
-
-def weights_for_row_views(weight: Tensor, colptr: Tensor) -> Tensor:
-    """``weight`` (CSC order) followed by max-in-degree zeros, so that weighted draws can read
-    any node's edges as one row of a strided view, even the last node's, padding included."""
-    max_degree = int((colptr[1:] - colptr[:-1]).max()) if colptr.numel() > 1 else 0
-    return torch.cat([weight, weight.new_zeros(max_degree)])
-
-
-class _KeyMatrix(NamedTuple):
-    """Consecutive nodes (by degree) whose keys share one ``[rows, width]`` matrix."""
-    rows: int
-    min_degree: int
-    width: int  # the largest degree
-
-
-# Padding a key matrix may grow by (in cells) to save a matrix's fixed cost of ~10 small ops.
-# On one CPU thread 300 to 1,000 measured best on the bench graph (100 and 3,000 slower); on a
-# GPU the launches dominate.
-_PADDING_BUDGET_CPU = 300
-_PADDING_BUDGET_GPU = 1 << 20
-
-
-def _key_matrices(degrees: list[int], counts: list[int], budget: int) -> list[_KeyMatrix]:
-    """Cuts nodes sorted by degree into key matrices.
-
-    ``degrees`` (ascending, distinct) and ``counts`` describe the nodes. A degree joins the
-    current matrix, widening it, when the padding that adds to the rows already there stays
-    within ``budget`` cells; otherwise it starts a new matrix.
-    """
-    groups = []
-    rows = min_degree = width = 0
-    for degree, count in zip(degrees, counts):
-        if rows and rows * (degree - width) > budget:
-            groups.append(_KeyMatrix(rows, min_degree, width))
-            rows = 0
-        if rows == 0:
-            min_degree = degree
-        rows, width = rows + count, degree
-    if rows:
-        groups.append(_KeyMatrix(rows, min_degree, width))
-    return groups
-
-
-# Rejection draws (CPU): a node with many in-edges of not too unequal weights takes ~k tries
-# for k draws, where keys cost one per in-edge. A try yields a new draw with probability at
-# least the node's acceptance (mean weight / largest) minus (k - 1) / degree: the minimum
-# acceptance and degree per draw keep that above 1/8, so every node finishes in few rounds.
-_REJECTION_MIN_ACCEPTANCE = 0.25
-_REJECTION_DEGREE_PER_DRAW = 8
-# Below it keys were as fast (one CPU thread, fanouts 25,10 and 5,5: minimums of 16 to 128
-# measured alike; for fanouts of 8 and up, 8 * fanout is the higher bound anyway).
-_REJECTION_MIN_DEGREE = 64
-_REJECTION_TRIES_PER_DRAW = 3  # tries per missing draw in a round
-_REJECTION_MAX_ROUNDS = 1000  # a safeguard: a node makes no progress in a round w.p. < 0.7
-_UNCLAIMED = torch.iinfo(torch.int16).max
-
-
-def rejection_bounds(weight: Tensor, colptr: Tensor) -> Tensor:
-    """``[N]`` per node: its largest in-edge weight where its in-edges suit rejection draws
-    (mean weight at least ``_REJECTION_MIN_ACCEPTANCE`` of the largest), else 0."""
-    weight = weight[:int(colptr[-1])]
-    largest = torch.segment_reduce(weight, "max", offsets=colptr, initial=0.0)
-    total = torch.segment_reduce(weight, "sum", offsets=colptr, initial=0.0)
-    acceptance = total / (largest * (colptr[1:] - colptr[:-1]))  # NaN without positive weights
-    return torch.where(acceptance >= _REJECTION_MIN_ACCEPTANCE, largest, 0.0)
-
-
-def _weighted_without_replacement(weight: Tensor, bound: Optional[Tensor], start: Tensor,
-                                  deg: Tensor, k: int, generator) -> tuple[Tensor, Tensor]:
-    """``k`` distinct edges per node, drawn one at a time proportionally to weight: by
-    rejection (:func:`_weighted_by_rejection`) for nodes with a positive ``bound`` (on the
-    CPU) and enough edges, else by keys (:func:`_weighted_by_keys`).
-
-    Returns:
-        ``(order, edge)``: positions in ``deg``, and ``[len(deg), k]`` CSC positions of the
-        drawn edges, one row per node in that order.
-    """
-    if bound is None:
-        return _weighted_by_keys(weight, start, deg, k, generator)
-    min_degree = max(_REJECTION_MIN_DEGREE, _REJECTION_DEGREE_PER_DRAW * k)
-    by_rejection = (deg >= min_degree).logical_and_(bound > 0)
-    rejected = by_rejection.nonzero().squeeze(1)
-    if rejected.numel() == 0:
-        return _weighted_by_keys(weight, start, deg, k, generator)
-    drawn = _weighted_by_rejection(weight, bound.index_select(0, rejected),
-                                   start.index_select(0, rejected),
-                                   deg.index_select(0, rejected), k, generator)
-    keyed = by_rejection.logical_not_().nonzero().squeeze(1)
-    if keyed.numel() == 0:
-        return rejected, drawn
-    order, keyed_drawn = _weighted_by_keys(weight, start.index_select(0, keyed),
-                                           deg.index_select(0, keyed), k, generator)
-    return torch.cat([rejected, keyed.index_select(0, order)]), torch.cat([drawn, keyed_drawn])
-
-
-def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Tensor, k: int,
-                           generator) -> Tensor:
-    """``[len(deg), k]`` CSC positions: ``k`` distinct edges per node, drawn one at a time
-    with probability proportional to the remaining edges' weights.
-
-    A try picks one of a node's edges uniformly and keeps it with probability
-    ``weight / bound``: a draw with replacement proportional to weight. The first ``k``
-    distinct edges of such a stream follow the same law as drawing proportionally, removing
-    the edge and repeating (given the edges taken, the next new one is proportional to the
-    weights of the rest). Each round, every node still short of ``k`` makes a row of tries,
-    whose first successful try at each edge not drawn before is a new draw, in row order.
-    """
-    n = deg.numel()
-    drawn = torch.empty(n, k, dtype=torch.long)
-    # One int16 per (node, edge), 0 once the edge is drawn. A round's successful tries claim
-    # their edges by scatter-min, try j proposing `ceiling + j`: the lowest claim is the first
-    # try. Each round's proposals lie below the last round's, so the claims a round leaves
-    # never block the next; before they would reach 0, the claims are cleared.
-    first_cell = torch.cumsum(deg, 0).sub_(deg)
-    claim = torch.full((int(first_cell[-1] + deg[-1]),), _UNCLAIMED, dtype=torch.int16)
-    ceiling = _UNCLAIMED
-    row, count = torch.arange(n), torch.zeros(n, dtype=torch.long)
-    for _ in range(_REJECTION_MAX_ROUNDS):
-        need = k - count
-        tries = min(math.ceil(_REJECTION_TRIES_PER_DRAW * int(need.max())), _UNCLAIMED - 1)
-        if ceiling - tries < 1:
-            claim.masked_fill_(claim != 0, _UNCLAIMED)
-            ceiling = _UNCLAIMED
-        ceiling -= tries
-        proposal = torch.arange(ceiling, ceiling + tries, dtype=torch.int16)
-        # One uniform u per try: floor(u * deg) picks the edge, and the fraction left over is
-        # a fresh uniform (on a grid of deg * 2^-53) that decides the try's success.
-        spot = torch.rand(row.numel(), tries, dtype=torch.float64, generator=generator)
-        spot.mul_(deg.unsqueeze(1))
-        offset = spot.long().clamp_(max=deg.unsqueeze(1) - 1)
-        edge = offset + start.unsqueeze(1)
-        success = spot.sub_(offset).mul_(bound.unsqueeze(1)) < weight.index_select(
-            0, edge.view(-1)).view_as(edge)
-        cell = offset.add_(first_cell.unsqueeze(1)).view(-1)
-        claim.scatter_reduce_(0, cell, torch.where(success, proposal, _UNCLAIMED).view(-1),
-                              "amin")
-        new = success.logical_and_(claim.index_select(0, cell).view_as(success) == proposal)
-        rank = new.view(torch.uint8).cumsum(1, dtype=torch.int16)
-        new.logical_and_(rank <= need.unsqueeze(1))
-        # Draw number count + rank of a row goes to its column count + rank - 1.
-        hit = new.view(-1).nonzero().squeeze(1)
-        slot = (row * k + count - 1).index_select(0, hit.div(tries, rounding_mode="floor"))
-        drawn.view(-1).index_copy_(0, slot.add_(rank.view(-1).index_select(0, hit)),
-                                   edge.view(-1).index_select(0, hit))
-        claim.index_fill_(0, cell.index_select(0, hit), 0)
-        count = count + torch.minimum(rank[:, -1], need)
-        short = (count < k).nonzero().squeeze(1)
-        if short.numel() == 0:
-            return drawn
-        row, start, deg, bound, first_cell, count = (
-            t.index_select(0, short) for t in (row, start, deg, bound, first_cell, count))
-    raise RuntimeError(f"weighted draws by rejection did not finish in {_REJECTION_MAX_ROUNDS} "
-                       "rounds (a few are expected): a pyg_mgpu bug, please report it.")
-
-
-def _weighted_by_keys(weight: Tensor, start: Tensor, deg: Tensor, k: int,
-                      generator) -> tuple[Tensor, Tensor]:
-    """``k`` distinct edges per node, drawn one at a time proportionally to weight.
-
-    Efraimidis and Spirakis (2006): give every edge the key ``Exp(1) / weight`` and keep each
-    node's ``k`` smallest keys; this is distributed exactly as drawing an edge with probability
-    proportional to its weight, removing it, and repeating. Nodes sorted by degree are cut into
-    key matrices (:func:`_key_matrices`), each one ``topk`` along its rows: no per-node Python.
-    ``weight`` comes from :func:`weights_for_row_views`.
-
-    Returns:
-        ``(order, edge)``: the nodes by ascending degree (positions in ``deg``), and ``[len(deg),
-        k]`` CSC positions of the drawn edges, one row per node in that order.
-    """
-    device = deg.device
-    sorted_deg, order = torch.sort(deg)
-    degrees, counts = torch.unique_consecutive(sorted_deg, return_counts=True)
-    budget = _PADDING_BUDGET_CPU if device.type == "cpu" else _PADDING_BUDGET_GPU
-    groups = _key_matrices(degrees.tolist(), counts.tolist(), budget)
-    sorted_start = start.index_select(0, order)
-    offset = torch.empty(deg.numel(), k, dtype=torch.long, device=device)
-    kept_keys = torch.empty(deg.numel(), k, dtype=torch.int32, device=device)
-    column = torch.arange(groups[-1].width, device=device)
-    rows, cells = [g.rows for g in groups], [g.rows * g.width for g in groups]
-    # One draw for every key: per matrix, its ~6 ops cost more than the cache misses they save.
-    log_u = _log_uniform(sum(cells), generator, device)
-    for group, key, group_start, group_deg, group_offset, group_kept in zip(
-            groups, log_u.split(cells), sorted_start.split(rows),
-            sorted_deg.unsqueeze(1).split(rows), offset.split(rows), kept_keys.split(rows)):
-        width = group.width
-        # Row i of this view is weight[i : i + width]: gathering rows copies each node's edges
-        # (and the next ones as padding) in one memcpy, ~6x faster than a gather by position.
-        view = weight.as_strided((weight.numel() - width + 1, width), (1, 1))
-        # key = log(U) / w = -(Exp(1) / w): the k largest keys are the k smallest Exp(1) / w.
-        # They are negative (-inf for weight 0, drawn only to fill a node with fewer than k
-        # positive weights), and padding is made positive so it is never drawn. Read as int32,
-        # floats of one sign order by magnitude and negatives sit below positives, so the k
-        # smallest int32 are the k largest keys: an integer topk, ~30% faster than a float one.
-        key = key.view(-1, width).div_(view.index_select(0, group_start))
-        if group.min_degree < width:  # only columns past the smallest degree can be padding
-            past_end = column[group.min_degree:width] >= group_deg
-            key[:, group.min_degree:].masked_fill_(past_end, 1.0)
-        torch.topk(key.view(torch.int32), k, dim=1, largest=False, sorted=False,
-                   out=(group_kept, group_offset))
-    return order, offset.add_(sorted_start.unsqueeze(1))
-
-
-def _log_uniform(numel: int, generator, device) -> Tensor:
-    """``[numel]`` values ``log(U)``, ``U`` uniform on the grid ``(j + 1/2) / 2^23`` inside
-    ``(0, 1)``: always finite and below 0.
-
-    Each ``U`` takes 23 random bits, half of an int64 draw (~1.7x cheaper than ``torch.rand``
-    on CPU), as the mantissa of a float in ``[1, 2)``; subtracting ``1 - 2^-24`` is exact and
-    centres the grid. Every step works in place on the one buffer.
-    """
-    bits = torch.empty((numel + 1) // 2, dtype=torch.int64, device=device)
-    bits = bits.random_(generator=generator).view(torch.int32)[:numel]
-    one_to_two = bits.bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000).view(torch.float32)
-    return one_to_two.sub_(1 - 2.0 ** -24).log_()

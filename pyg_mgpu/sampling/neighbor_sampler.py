@@ -30,7 +30,8 @@ from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import CSC, csc_of
-from pyg_mgpu.sampling.draws import EdgeWeights, edge_weights, hop_edges
+from pyg_mgpu.sampling.draws import hop_edges
+from pyg_mgpu.sampling.weighted import EdgeWeights, edge_weights
 
 
 def _unseen(lookup_type: torch.dtype) -> int:
