@@ -7,12 +7,11 @@ Two exact routes give that law, both vectorized over the frontier:
 - keys (Efraimidis and Spirakis, 2006): one random key per in-edge, the ``k`` best kept;
   cost follows the degree. Every node can take it, on any device.
 - rejection: uniform tries kept with probability weight / largest weight, the first ``k``
-  distinct ones kept; cost follows ``k``. On the CPU, for nodes with many in-edges of
-  comparable weights.
+  distinct ones kept; time follows ``k`` (memory still 2 bytes per in-edge). On the CPU, for
+  nodes with many in-edges of comparable weights.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -54,8 +53,11 @@ _REJECTION_DEGREE_PER_DRAW = 8
 # measured alike; for fanouts of 8 and up, 8 * fanout is the higher bound anyway).
 _REJECTION_MIN_DEGREE = 64
 _REJECTION_TRIES_PER_DRAW = 3  # tries per missing draw in a round
-_REJECTION_MAX_ROUNDS = 1000  # a safeguard: a node makes no progress in a round w.p. < 0.7
+# A safeguard against a stall: a node makes no progress in a round with probability below
+# (7/8)^3 < 0.7; beyond `_MAX_TRIES` tries per round, huge fanouts take more rounds.
+_REJECTION_MAX_ROUNDS = 1000
 _UNCLAIMED = torch.iinfo(torch.int16).max
+_MAX_TRIES = _UNCLAIMED - 1  # try numbers are int16
 
 
 def rejection_bounds(weight: Tensor, colptr: Tensor) -> Tensor:
@@ -82,18 +84,18 @@ def weighted_without_replacement(weight: Tensor, bound: Optional[Tensor], start:
         return _weighted_by_keys(weight, start, deg, k, generator)
     min_degree = max(_REJECTION_MIN_DEGREE, _REJECTION_DEGREE_PER_DRAW * k)
     by_rejection = (deg >= min_degree).logical_and_(bound > 0)
-    rejected = by_rejection.nonzero().squeeze(1)
-    if rejected.numel() == 0:
+    tried = by_rejection.nonzero().squeeze(1)  # positions of the nodes drawn by rejection
+    if tried.numel() == 0:
         return _weighted_by_keys(weight, start, deg, k, generator)
-    drawn = _weighted_by_rejection(weight, bound.index_select(0, rejected),
-                                   start.index_select(0, rejected),
-                                   deg.index_select(0, rejected), k, generator)
+    drawn = _weighted_by_rejection(weight, bound.index_select(0, tried),
+                                   start.index_select(0, tried),
+                                   deg.index_select(0, tried), k, generator)
     keyed = by_rejection.logical_not_().nonzero().squeeze(1)
     if keyed.numel() == 0:
-        return rejected, drawn
+        return tried, drawn
     order, keyed_drawn = _weighted_by_keys(weight, start.index_select(0, keyed),
                                            deg.index_select(0, keyed), k, generator)
-    return torch.cat([rejected, keyed.index_select(0, order)]), torch.cat([drawn, keyed_drawn])
+    return torch.cat([tried, keyed.index_select(0, order)]), torch.cat([drawn, keyed_drawn])
 
 
 def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Tensor, k: int,
@@ -110,22 +112,17 @@ def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Te
     """
     n = deg.numel()
     drawn = torch.empty(n, k, dtype=torch.long)
-    # One int16 per (node, edge), 0 once the edge is drawn. A round's successful tries claim
-    # their edges by scatter-min, try j proposing `ceiling + j`: the lowest claim is the first
-    # try. Each round's proposals lie below the last round's, so the claims a round leaves
-    # never block the next; before they would reach 0, the claims are cleared.
+    # One int16 per (node, edge): 0 once the edge is drawn. A round's successful tries claim
+    # their edges by scatter-min of their try numbers (1, 2, ...), so an edge's claim names its
+    # first successful try. A node that goes on to another round took every new edge it found,
+    # so its claims are all 0 or unclaimed again: the next round starts clean.
     first_cell = torch.cumsum(deg, 0).sub_(deg)
-    claim = torch.full((int(first_cell[-1] + deg[-1]),), _UNCLAIMED, dtype=torch.int16)
-    ceiling = _UNCLAIMED
+    claim = torch.full((int(deg.sum()),), _UNCLAIMED, dtype=torch.int16)
     row, count = torch.arange(n), torch.zeros(n, dtype=torch.long)
-    for _ in range(_REJECTION_MAX_ROUNDS):
+    for _ in range(_REJECTION_MAX_ROUNDS + k // 1000):
         need = k - count
-        tries = min(math.ceil(_REJECTION_TRIES_PER_DRAW * int(need.max())), _UNCLAIMED - 1)
-        if ceiling - tries < 1:
-            claim.masked_fill_(claim != 0, _UNCLAIMED)
-            ceiling = _UNCLAIMED
-        ceiling -= tries
-        proposal = torch.arange(ceiling, ceiling + tries, dtype=torch.int16)
+        tries = min(_REJECTION_TRIES_PER_DRAW * int(need.max()), _MAX_TRIES)
+        try_no = torch.arange(1, tries + 1, dtype=torch.int16)
         # One uniform u per try: floor(u * deg) picks the edge, and the fraction left over is
         # a fresh uniform (on a grid of deg * 2^-53) that decides the try's success.
         spot = torch.rand(row.numel(), tries, dtype=torch.float64, generator=generator)
@@ -135,9 +132,10 @@ def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Te
         success = spot.sub_(offset).mul_(bound.unsqueeze(1)) < weight.index_select(
             0, edge.view(-1)).view_as(edge)
         cell = offset.add_(first_cell.unsqueeze(1)).view(-1)
-        claim.scatter_reduce_(0, cell, torch.where(success, proposal, _UNCLAIMED).view(-1),
+        claim.scatter_reduce_(0, cell, torch.where(success, try_no, _UNCLAIMED).view(-1),
                               "amin")
-        new = success.logical_and_(claim.index_select(0, cell).view_as(success) == proposal)
+        # New (in place of `success`): the first successful try at an edge not drawn before.
+        new = success.logical_and_(claim.index_select(0, cell).view_as(success) == try_no)
         rank = new.view(torch.uint8).cumsum(1, dtype=torch.int16)
         new.logical_and_(rank <= need.unsqueeze(1))
         # Draw number count + rank of a row goes to its column count + rank - 1.
@@ -152,8 +150,8 @@ def _weighted_by_rejection(weight: Tensor, bound: Tensor, start: Tensor, deg: Te
             return drawn
         row, start, deg, bound, first_cell, count = (
             t.index_select(0, short) for t in (row, start, deg, bound, first_cell, count))
-    raise RuntimeError(f"weighted draws by rejection did not finish in {_REJECTION_MAX_ROUNDS} "
-                       "rounds (a few are expected): a pyg_mgpu bug, please report it.")
+    raise RuntimeError("weighted draws by rejection did not finish (a few rounds are "
+                       "expected): a pyg_mgpu bug, please report it.")
 
 
 class _KeyMatrix(NamedTuple):
