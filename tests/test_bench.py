@@ -79,6 +79,7 @@ def test_sampler_bench_reports_edges_per_second(tmp_path):
     assert results["directional_loader_0_workers"] > 0
 
 
+GPU_SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
 GPU_SUITE_PARTS = {
     "tests": ["env", "pytest_gpu", "sampler_1m", "sampler_2_4m"],
     "variants": ["graph_gpu", "graph_cpu_cache", "graph_cpu_mmap", "amp_bf16", "compile",
@@ -87,29 +88,27 @@ GPU_SUITE_PARTS = {
 }
 
 
+def gpu_suite_steps(out, part, **env):
+    """The step names a dry run of the GPU suite's ``part`` lists, in order."""
+    done = subprocess.run(["bash", str(GPU_SUITE), str(out), part], capture_output=True,
+                          text=True, env={**os.environ, "DRY_RUN": "1", **env}, check=True)
+    return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
+
+
 @pytest.mark.parametrize("part", ["tests", "variants", "full", "quick", "all"])
 def test_gpu_suite_parts_split_the_steps_into_device_calls(tmp_path, part):
     """The GPU suite's parts (a 10-minute device call each) together run every step once."""
     expected = {"quick": GPU_SUITE_PARTS["tests"] + GPU_SUITE_PARTS["variants"],
                 "all": sum(GPU_SUITE_PARTS.values(), [])}.get(part) or GPU_SUITE_PARTS[part]
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
-    done = subprocess.run(["bash", str(script), str(tmp_path), part], capture_output=True,
-                          text=True, env={**os.environ, "DRY_RUN": "1"}, check=True)
-    steps = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
-    assert steps == expected
+    assert gpu_suite_steps(tmp_path, part) == expected
 
 
 def test_gpu_suite_runs_only_the_named_steps(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
-    done = subprocess.run(["bash", str(script), str(tmp_path), "variants"], capture_output=True,
-                          text=True, check=True,
-                          env={**os.environ, "DRY_RUN": "1", "SUITE_STEPS": "resume compile"})
-    steps = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
-    assert steps == ["compile", "resume"]
+    assert gpu_suite_steps(tmp_path, "variants", SUITE_STEPS="resume compile") == [
+        "compile", "resume"]
 
 
 def test_gpu_suite_refuses_an_unknown_part(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
-    done = subprocess.run(["bash", str(script), str(tmp_path), "fast"], capture_output=True,
+    done = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "fast"], capture_output=True,
                           text=True)
     assert done.returncode == 2 and "part must be" in done.stderr
