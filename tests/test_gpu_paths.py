@@ -23,7 +23,7 @@ from pyg_mgpu.train.inference import layerwise_logits
 import _gpu_ranks
 from test_neighbor_loader import (WEIGHTS, centres_of_degrees,
                                   check_names_callers_edges, check_per_hop,
-                                  check_successive_pairs_for_mixed_degrees,
+                                  check_successive_draws_for_mixed_degrees,
                                   check_three_of_eight_uniform, drawn_leaves, global_edges,
                                   random_graph, star, weighted_star)
 
@@ -154,7 +154,7 @@ def test_weighted_key_matrices_on_cuda(padding_budget, monkeypatch):
     """Weighted key matrices shared by nodes of several degrees (the GPU budget): padding is
     never drawn, pairs follow successive draws, zero weights fill short nodes."""
     monkeypatch.setattr(weighted, "_PADDING_BUDGET_GPU", padding_budget)
-    check_successive_pairs_for_mixed_degrees(on_cuda)
+    check_successive_draws_for_mixed_degrees(on_cuda)
     degree = torch.tensor([4, 5, 6, 7]).repeat(50)
     leaf_weight = torch.tensor([1.0, 0, 0, 0, 0, 0, 0])
     picks = drawn_leaves(on_cuda(centres_of_degrees(degree, leaf_weight)), degree, 3)

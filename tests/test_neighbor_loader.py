@@ -275,26 +275,39 @@ def test_weighted_pairs_are_exact_for_mixed_degrees_sharing_key_matrices(padding
     zeros past the last node) must never be drawn, and every degree must still get exact
     successive draws."""
     monkeypatch.setattr(weighted, "_PADDING_BUDGET_CPU", padding_budget)
-    check_successive_pairs_for_mixed_degrees(lambda data: data)
+    check_successive_draws_for_mixed_degrees(lambda data: data)
 
 
-def check_successive_pairs_for_mixed_degrees(place, degrees=range(3, 9),
-                                             weights=torch.arange(1.0, 9.0), per_degree=3000):
-    """Pairs drawn from nodes of the given degrees (neighbours in the CSC differ in degree),
-    leaf ``j`` weighted ``weights[j]``, on a shuffled edge list placed by ``place``, follow
-    successive draws for every degree."""
+def successive_draw_probability(weight, subset):
+    """Probability that drawing ``len(subset)`` edges one at a time, each proportionally to
+    the remaining weights, takes exactly ``subset``: the sum over the orders it can come in."""
+    total = float(weight.sum())
+    probability = 0.0
+    for order in itertools.permutations(subset):
+        p, left = 1.0, total
+        for i in order:
+            p, left = p * float(weight[i]) / left, left - float(weight[i])
+        probability += p
+    return probability
+
+
+def check_successive_draws_for_mixed_degrees(place, degrees=range(3, 9),
+                                             weights=torch.arange(1.0, 9.0), per_degree=3000,
+                                             fanout=2):
+    """The sets of ``fanout`` leaves drawn from nodes of the given degrees (neighbours in the
+    CSC differ in degree), leaf ``j`` weighted ``weights[j]``, on a shuffled edge list placed
+    by ``place``, follow successive draws for every degree (chi-square over all subsets)."""
     degree = torch.tensor(list(degrees)).repeat(per_degree)
     data = place(centres_of_degrees(degree, weights, shuffle_seed=2))
-    pairs = drawn_leaves(data, degree, 2)
+    picks = drawn_leaves(data, degree, fanout)
     for d in degrees:
-        w = weights[:d].double()
-        total = float(w.sum())
-        combos = list(itertools.combinations(range(d), 2))
-        expected = torch.tensor([w[i] / total * w[j] / (total - w[i])
-                                 + w[j] / total * w[i] / (total - w[j]) for i, j in combos])
-        index = {p: k for k, p in enumerate(combos)}
-        codes = torch.tensor([index[tuple(p)] for p in pairs[degree == d].tolist()])
-        counts = torch.bincount(codes, minlength=len(combos)).double()
+        subsets = list(itertools.combinations(range(d), fanout))
+        expected = torch.tensor([successive_draw_probability(weights[:d].double(), subset)
+                                 for subset in subsets], dtype=torch.float64)
+        assert abs(float(expected.sum()) - 1) < 1e-9
+        index = {subset: k for k, subset in enumerate(subsets)}
+        codes = torch.tensor([index[tuple(p)] for p in picks[degree == d].tolist()])
+        counts = torch.bincount(codes, minlength=len(subsets)).double()
         assert chisquare(counts.numpy(), (expected * per_degree).numpy()).pvalue > 1e-3, d
 
 
@@ -337,9 +350,40 @@ def test_weighted_pairs_are_exact_by_rejection(tries_per_draw, monkeypatch):
     monkeypatch.setattr(weighted, "_REJECTION_MIN_DEGREE", 0)  # fanout 2: degree 16 and up
     monkeypatch.setattr(weighted, "_REJECTION_TRIES_PER_DRAW", tries_per_draw)
     rows = rows_drawn_by_rejection(monkeypatch)
-    check_successive_pairs_for_mixed_degrees(lambda data: data, degrees=(6, 16, 20),
+    check_successive_draws_for_mixed_degrees(lambda data: data, degrees=(6, 16, 20),
                                              weights=torch.linspace(1, 3, 20), per_degree=6000)
     assert sum(rows) == 2 * 6000, "the nodes of degree 16 and 20 must draw by rejection"
+
+
+@pytest.mark.parametrize("fanout, degrees", [(3, (5, 8)), (4, (6, 8))])
+def test_weighted_draws_of_three_and_four_are_exact_by_rejection(fanout, degrees,
+                                                                  monkeypatch):
+    """Sets of three and four draws (every subset's frequency against successive draws),
+    with the smaller degree on keys and the larger by rejection, where a node's last draws
+    take many tries."""
+    monkeypatch.setattr(weighted, "_REJECTION_MIN_DEGREE", 0)
+    monkeypatch.setattr(weighted, "_REJECTION_DEGREE_PER_DRAW", 2)  # degree 2 * fanout and up
+    rows = rows_drawn_by_rejection(monkeypatch)
+    check_successive_draws_for_mixed_degrees(lambda data: data, degrees=degrees,
+                                             weights=torch.linspace(1, 3, 8), per_degree=6000,
+                                             fanout=fanout)
+    assert sum(rows) == 6000, "the nodes of degree 8 must draw by rejection"
+
+
+@pytest.mark.parametrize("fanout", [2, 10])
+def test_the_default_thresholds_send_nodes_with_many_even_edges_to_rejection(fanout,
+                                                                             monkeypatch):
+    """Unpatched thresholds: a node draws by rejection from max(64, 8 * fanout) in-edges on,
+    and only where its mean weight is at least 1/4 of its largest."""
+    rows = rows_drawn_by_rejection(monkeypatch)
+    threshold = max(weighted._REJECTION_MIN_DEGREE, weighted._REJECTION_DEGREE_PER_DRAW * fanout)
+    even, uneven = torch.ones(threshold), torch.ones(threshold)
+    uneven[0] = 5.0 * threshold  # mean / largest just below 1/5
+    for leaf_weight, by_rejection in ((even, 40), (uneven, 0)):
+        rows.clear()
+        degree = torch.tensor([threshold - 1, threshold]).repeat(40)
+        drawn_leaves(centres_of_degrees(degree, leaf_weight, shuffle_seed=5), degree, fanout)
+        assert sum(rows) == by_rejection
 
 
 def test_rejection_never_draws_weight_zero(monkeypatch):
@@ -431,11 +475,19 @@ def test_bad_input_says_what_to_do():
         NeighborSampler(data, [2], subgraph_type="induced", disjoint=True)
 
 
-def test_same_seed_same_batches():
-    data = random_graph()
-    runs = [[b.e_id for b in NeighborLoader(data, [3, 3], batch_size=50, seed=9)]
-            for _ in range(2)]
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
+@pytest.mark.parametrize("options", [{}, {"weight_attr": "w"}, {"replace": True},
+                                     {"disjoint": True}])
+def test_same_seed_same_batches(options):
+    # Mean in-degree 60: weighted draws take both routes (rejection from degree 64 on).
+    data = random_graph(num_edges=12000)
+    data.w = torch.rand(data.num_edges, generator=torch.Generator().manual_seed(1)) + 0.5
+
+    def e_ids(seed):
+        return [b.e_id for b in NeighborLoader(data, [3, 3], batch_size=50, seed=seed,
+                                               **options)]
+    first, again, other = e_ids(9), e_ids(9), e_ids(10)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))
 
 
 @pytest.mark.gpu
