@@ -319,6 +319,19 @@ def test_weighted_takes_zero_weights_only_to_fill():
     assert ((out.node[out.row] - c) != 4).all()
 
 
+def test_weighted_fills_with_the_first_zero_weight_edges_in_the_callers_order():
+    """As docs/api.md says: on the CPU, a node short of positive weights takes its weight-0
+    edges in the order of the caller's edge_index (ties of keys go to the lower column)."""
+    # Node 0's in-edges from 1..6, listed in a scrambled order; only the edge from 4 weighs.
+    src = torch.tensor([5, 2, 4, 6, 1, 3])
+    data = Data(edge_index=torch.stack([src, torch.zeros(6, dtype=torch.long)]),
+                weight=(src == 4).float(), num_nodes=7)
+    for seed in range(5):
+        out = NeighborSampler(data, [3], weight_attr="weight", seed=seed).sample(
+            torch.tensor([0]))
+        assert sorted(out.node[out.row].tolist()) == [2, 4, 5]
+
+
 @pytest.mark.parametrize("padding_budget", [0, 10 ** 9])
 def test_weighted_fills_with_zero_weights_never_with_padding(padding_budget, monkeypatch):
     """A node with fewer positive weights than the fanout is filled with its weight-0 edges,
@@ -328,6 +341,38 @@ def test_weighted_fills_with_zero_weights_never_with_padding(padding_budget, mon
     leaf_weight = torch.tensor([1.0, 0, 0, 0, 0, 0, 0])  # leaf 0 alone is positive
     picks = drawn_leaves(centres_of_degrees(degree, leaf_weight), degree, 3)
     assert (picks[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("width, k", [(11, 10), (20, 10), (80, 25), (3, 1)])
+def test_k_smallest_columns_are_each_rows_k_smallest(width, k):
+    """The key selection (numpy's partition of (key, column) pairs on the CPU) returns each
+    row's k smallest entries, whatever their signs, ties and the padding value."""
+    generator = torch.Generator().manual_seed(width)
+    keys = torch.randint(-2**31, 2**31 - 1, (500, width), dtype=torch.int32,
+                         generator=generator)
+    keys[:100] = torch.randint(-3, 3, (100, width), dtype=torch.int32)  # many ties
+    keys[100:200, width // 2:] = torch.tensor(1.0).view(torch.int32)  # padding
+    columns = torch.empty(500, k, dtype=torch.long)
+    weighted._k_smallest_columns(keys, k, out=columns)
+    assert ((columns >= 0) & (columns < width)).all()
+    chosen = columns.sort(1).values
+    assert (chosen[:, 1:] > chosen[:, :-1]).all(), "a column chosen twice"
+    expected = keys.sort(1).values[:, :k]
+    assert torch.equal(keys.gather(1, columns).sort(1).values, expected)
+
+
+def test_log_uniform_is_log_of_a_centred_grid_in_zero_one():
+    """Every draw is within float32 rounding of log((j + 1/2) / 2^23) for an integer j in
+    [0, 2^23): finite and below 0, the grid centred (an off-centre or unshifted grid fails
+    the bound for small j, or gives log(0))."""
+    generator = torch.Generator().manual_seed(0)
+    log_u = weighted._log_uniform(2 ** 21, generator, torch.device("cpu")).double()
+    # Recover each draw's grid index j from its value, then check it against the formula.
+    j = (log_u.exp() * 2 ** 23 - 0.5).round()
+    assert ((j >= 0) & (j < 2 ** 23)).all()
+    exact = torch.log((j + 0.5) / 2 ** 23)
+    assert ((log_u - exact).abs() <= 1.5e-7 * exact.abs()).all()
+    assert (log_u < 0).all() and torch.isfinite(log_u).all()
 
 
 def rows_drawn_by_rejection(monkeypatch):
