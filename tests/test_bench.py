@@ -69,6 +69,48 @@ def test_training_bench_runs_each_system_and_writes_json(tmp_path, capsys):
     assert "vs pyg_mgpu" in capsys.readouterr().out
 
 
+def test_interleaved_turns_let_each_sampler_follow_each_other_equally_often():
+    """Every sampler runs on every batch, with the cache eviction before every turn, and
+    within the batches each runs right after each other one equally often."""
+    import torch
+    turns = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def sample(self, batch):
+            turns.append((self.name, batch))
+            return type("Out", (), {"row": torch.zeros(10)})()
+    for names in (["a", "b", "c"], ["a", "b", "c", "d"]):
+        turns.clear()
+        evictions = []
+        batches = len(bench.balanced_orders(len(names)))
+        rates = bench._interleaved_edges_per_s({n: Recorder(n) for n in names},
+                                               range(batches + 1), batches,
+                                               evict=lambda: evictions.append(len(turns)))
+        assert set(rates) == set(names) and all(r > 0 for r in rates.values())
+        timed = turns[len(names):]  # after one warm-up batch each
+        assert len(evictions) == len(timed) == batches * len(names)
+        followers = []
+        for batch in range(1, batches + 1):
+            order = [n for n, b in timed if b == batch]
+            assert sorted(order) == names
+            followers += zip(order, order[1:])
+        counts = {(x, y): followers.count((x, y)) for x in names for y in names if x != y}
+        assert len(set(counts.values())) == 1, counts
+
+
+def test_cache_evictor_overwrites_more_than_the_last_level_cache():
+    import torch
+    cache = bench._cpu_last_level_cache_bytes()
+    assert cache >= 0
+    evict = bench._cache_evictor(torch.device("cpu"))
+    evict()  # runs, and its buffer is at least twice the cache and 64 MiB
+    buffer = evict.__closure__[0].cell_contents
+    assert buffer.numel() >= max(64 << 20, 2 * cache) and bool((buffer == 1).all())
+
+
 @pytest.mark.slow
 def test_sampler_bench_reports_edges_per_second(tmp_path):
     assert bench.main(TINY + ["--sampler-only", "--batches", "3", "--out", str(tmp_path)]) == 0
