@@ -172,7 +172,8 @@ class GraphStore:
 
     def edge_index(self) -> Tensor:
         """``[2, E]`` (source, destination) edge list, in CSC order."""
-        dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes, device=self.colptr.device),
+                                      self.in_degree())
         return torch.stack([self.row.long(), dst])
 
     def to_data(self) -> Data:
