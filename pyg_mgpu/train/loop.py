@@ -1,8 +1,8 @@
 """One epoch of DDP training on this rank's shard: the loop, its per-stage clock, and the
 forward pass on a sampled batch.
 
-The loss and accuracy are reduced as sums and counts over ranks (torchmetrics states: weighted
-loss sum/weight, correct/total), never as averages of per-rank ratios.
+The loss and accuracy are reduced as sums and counts over ranks (:class:`EpochTotals`), never
+as averages of per-rank ratios.
 """
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 from tqdm import tqdm
 
 from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
@@ -24,6 +22,7 @@ from pyg_mgpu.distributed.launch import RankContext
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.train.evaluation import global_ratio
 
 
 @dataclass
@@ -79,6 +78,33 @@ def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
     return out[:batch.batch_size].float()
 
 
+class EpochTotals:
+    """This rank's training loss sum, correct predictions and seed count for one epoch.
+
+    The sums stay on the batch's device, so a training step never waits for the GPU to read
+    them back (torchmetrics' metrics did, a few times per step: its NaN check and argument
+    checks read device values on the host). :meth:`compute` sums them over the ranks and
+    divides once.
+    """
+
+    def __init__(self, device: torch.device):
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+        self.seen = 0
+
+    def update(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
+        """One batch: its seed logits, their labels and its mean loss."""
+        self.loss_sum += loss.detach().double() * y.numel()
+        self.correct += (logits.detach().argmax(-1) == y).sum()
+        self.seen += y.numel()
+
+    def compute(self, sum_over_ranks: bool = True) -> tuple[float, float]:
+        """(mean loss, accuracy) over every rank's seeds (a collective unless
+        ``sum_over_ranks=False``)."""
+        return (global_ratio(self.loss_sum, self.seen, sum_over_ranks=sum_over_ranks),
+                global_ratio(self.correct, self.seen, sum_over_ranks=sum_over_ranks))
+
+
 def check_equal_steps(steps: int, ctx: RankContext) -> None:
     """Fails on every rank if the ranks are about to run different numbers of steps.
 
@@ -95,7 +121,7 @@ def check_equal_steps(steps: int, ctx: RankContext) -> None:
 
 
 def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
-                ctx: RankContext, num_classes: int, timer: StageTimer, epoch: int,
+                ctx: RankContext, timer: StageTimer, epoch: int,
                 cfg: TrainConfig, grad_sync: Optional[DeferredAllReduce] = None
                 ) -> tuple[float, float]:
     """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks.
@@ -104,9 +130,7 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     gradient all-reduce is still running then, and the optimizer step waits for it after.
     """
     ddp.train()
-    loss_sum = MeanMetric(sync_on_compute=True).to(ctx.device)
-    accuracy = MulticlassAccuracy(num_classes, average="micro",
-                                  sync_on_compute=True).to(ctx.device)
+    totals = EpochTotals(ctx.device)
     check_equal_steps(len(loader), ctx)
     depth = cfg.prefetch
     if depth is None:
@@ -149,11 +173,10 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
                 grad_sync.wait()
                 timer.lap("allreduce")
             optimizer.step()
-            loss_sum.update(loss.detach(), weight=y.numel())
-            accuracy.update(out.detach(), y)
+            totals.update(out, y, loss)
             timer.lap("optimizer")
             batch = next_batch
     finally:
         if prefetcher is not None:
             prefetcher.close()
-    return float(loss_sum.compute()), float(accuracy.compute())
+    return totals.compute()

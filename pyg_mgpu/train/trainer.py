@@ -166,8 +166,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
         timer.seconds.clear()
         start = time.perf_counter()
         train_loss, train_acc = train_epoch(trainee.ddp, trainee.optimizer, data.train_loader,
-                                            ctx, data.graph.num_classes, timer, epoch, cfg,
-                                            trainee.grad_sync)
+                                            ctx, timer, epoch, cfg, trainee.grad_sync)
         epoch_time = time.perf_counter() - start
         val_acc, eval_time = None, 0.0
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
