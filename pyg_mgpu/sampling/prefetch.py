@@ -7,9 +7,10 @@ It pays off where loading and training use different hardware (CPU sampling feed
 spare cores; with every core already training (2 CPU ranks on 2 cores) it only took turns with
 training and gained nothing, so CPU ranks leave it off by default.
 
-On a GPU, the copy runs on a side CUDA stream; the training stream waits only for that batch's
-copy (an event), and the batch's memory is marked as used by the training stream so the caching
-allocator never hands it back early.
+On a GPU, the copy runs on a side CUDA stream, which first waits for the work already queued on
+the training stream; the training stream waits only for that batch's copy (an event), and the
+batch's memory is marked as used by the training stream so the caching allocator never hands it
+back early.
 """
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ class Prefetcher:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._stream = _side_stream(device) if device.type == "cuda" else None
+        if self._stream is not None:
+            # What the side stream reads (the graph, the feature cache's rows) may still be
+            # being written on this thread's stream: its first batch waits for that work.
+            self._stream.wait_stream(torch.cuda.current_stream(device))
         self._thread = threading.Thread(target=self._produce, args=(iter(batches),),
                                         name="pyg_mgpu-prefetch", daemon=True)
         self._thread.start()
