@@ -2,14 +2,14 @@
 # Issue 15's GPU suite: everything to measure on a lent GPU, in commands that each fit in one
 # 10-minute device call.
 #
-#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT tests     # versions, pytest -m gpu, GPU
-#                                                          # sampler on 1M / 2.4M nodes
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT tests     # versions, pytest -m gpu
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, 2 gloo ranks on
 #                                                          # one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
 #                                                          # with nvidia-smi sampling
-#   bash benchmarks/gpu_suite.sh OUT quick                  # tests, then variants
-#   bash benchmarks/gpu_suite.sh OUT all                    # all three (over one call)
+#   bash benchmarks/gpu_suite.sh OUT quick                  # all but full (over one call)
+#   bash benchmarks/gpu_suite.sh OUT all                    # all four (over one call)
 #   DRY_RUN=1 bash benchmarks/gpu_suite.sh OUT all          # print the commands, run nothing
 #
 # Each step runs under `timeout`, logs to OUT/<step>.log, and the suite goes on after a
@@ -18,18 +18,19 @@
 # SUITE_STEPS="name ..." runs only those steps of the part (e.g. the ones a cut-off call did not
 # reach; `resume` needs `graph_gpu` in the same OUT). Overrides: SUITE_DEVICES (default
 # cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default 200000/4000000), SUITE_EPOCHS
-# (default 3), SUITE_GLOO_DEVICES (default cuda:0,0), PYTHON (default python).
+# (default 3), SUITE_GLOO_DEVICES (default cuda:0,0), PYTHON (default python3: on the lent GPU
+# machines the interpreter that holds torch).
 set -u
-OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [quick|full|all]}
+OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [tests|sampler|variants|full|quick|all]}
 PART=${2:-all}
 case "$PART" in
-  tests|variants|full|quick|all) ;;
-  *) echo "part must be tests, variants, full, quick or all" >&2; exit 2;;
+  tests|sampler|variants|full|quick|all) ;;
+  *) echo "part must be tests, sampler, variants, full, quick or all" >&2; exit 2;;
 esac
-want() {  # want tests|variants|full: whether PART includes it
+want() {  # want tests|sampler|variants|full: whether PART includes it
   case "$PART" in all) true;; quick) [ "$1" != full ];; *) [ "$1" = "$PART" ];; esac
 }
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 DEV=${SUITE_DEVICES:-cuda:0}
 NODES=${SUITE_NODES:-200000}
 EDGES=${SUITE_EDGES:-4000000}
@@ -60,6 +61,10 @@ for line in (out / "steps.tsv").read_text().splitlines():
                   "feature_cache_rows", "backend", "world_size", "peak_mem_mb"):
             if k in d:
                 keys.append(f"{k}={fmt(d[k])}")
+        # Epoch 1 holds CUDA's warm-up (and, with --compile, the compilation).
+        later = [e["epoch_time_s"] for e in d.get("epochs", [])[1:]]
+        if later:
+            keys.append(f"epoch_time_after_first_s={fmt(sum(later) / len(later))}")
     b = out / step / "bench.json"
     if b.is_file():
         res = json.loads(b.read_text())["results"]
@@ -113,8 +118,15 @@ if want tests; then
   step env 60 bash -c "nvidia-smi; $PY -c 'import torch, torch_geometric as g; \
 print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"available\", \
 torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"\"); \
-print(\"torch_geometric\", g.__version__)'; git log --oneline -1"
-  step pytest_gpu 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+print(\"torch_geometric\", g.__version__)'; git log --oneline -1 2>/dev/null || true"
+  # -rfE: every failure's summary even with -q; --timeout (pytest-timeout, on the GPU image)
+  # ends a hung test instead of the whole step.
+  timeout_flag=$("$PY" -c 'import pytest_timeout' 2>/dev/null && echo --timeout=150)
+  step pytest_gpu 480 "$PY" -m pytest -m gpu -q -rfE --durations=15 -p no:cacheprovider \
+    ${timeout_flag:-} tests
+fi
+
+if want sampler; then
   for size in "1m 1000000 25000000" "2_4m 2400000 62000000"; do
     set -- $size
     step "sampler_$1" 180 "$PY" -m pyg_mgpu.bench --sampler-only --sampler-device cuda \
@@ -135,7 +147,9 @@ if want variants; then
   train prefetch2 240 --devices "$DEV" --prefetch 2
   train layerwise 240 --devices "$DEV" --inference layerwise
   train eval_all 240 --devices "$DEV" --eval-on all
-  train resume 240 --devices "$DEV" --resume "$OUT/graph_gpu" --epochs $((EPOCHS + 1))
+  # The same placement as graph_gpu: the checkpoint holds the GPU generator's state.
+  train resume 240 --devices "$DEV" --graph-on gpu --resume "$OUT/graph_gpu" \
+    --epochs $((EPOCHS + 1))
   # Multi-rank CUDA logic on one GPU: 2 ranks over gloo (NCCL refuses two ranks on one GPU).
   train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
     --inference layerwise
