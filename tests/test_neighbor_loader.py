@@ -128,6 +128,44 @@ def test_induced_is_every_edge_among_the_sampled_nodes():
         check_names_callers_edges(data, batch)
 
 
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+def test_induced_order_on_graphs_with_isolated_nodes(dtype):
+    """Induced edges grouped by destination in node order, then in CSC order, also where
+    sampled nodes have no in-edges (empty runs) and on an edgeless graph."""
+    for seed, num_edges in ((0, 600), (1, 40), (2, 0)):
+        data = random_graph(num_nodes=300, num_edges=max(num_edges, 40), dtype=dtype, seed=seed)
+        data.edge_index, data.edge_attr = data.edge_index[:, :num_edges], None
+        sampler = NeighborSampler(data, [4, 4], subgraph_type="induced", seed=seed)
+        out = sampler.sample(torch.arange(0, 300, 7))
+        node = out.node.long()
+        # out.edge holds CSC positions; the permutation names the caller's edges.
+        e_id = out.edge if sampler.perm is None else sampler.perm.long()[out.edge]
+        inside = torch.full((300,), -1)
+        inside[node] = torch.arange(node.numel())
+        # The expected list: for each sampled node in order, its in-edges (in the caller's
+        # order, which the CSC keeps per destination) whose source was sampled.
+        src, dst = data.edge_index.long()
+        expected = [e for v in node.tolist() for e in (dst == v).nonzero().view(-1).tolist()
+                    if inside[src[e]] >= 0]
+        assert e_id.tolist() == expected
+        assert torch.equal(out.col, inside[dst[e_id]]) and torch.equal(out.row, inside[src[e_id]])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_concatenated_ranges_and_repeats_match_their_loops(dtype):
+    from pyg_mgpu.sampling.neighbor_sampler import _concatenated_ranges, _repeat_each
+    generator = torch.Generator().manual_seed(0)
+    for n in (0, 1, 5, 40):
+        length = torch.randint(0, 4, (n,), generator=generator)
+        length[::3] = 0  # empty runs, also first and last
+        start = torch.randint(0, 1000, (n,), generator=generator)
+        expected = [list(range(s, s + k)) for s, k in zip(start.tolist(), length.tolist())]
+        got = _concatenated_ranges(start.to(dtype), length)
+        assert got.dtype == dtype and got.tolist() == sum(expected, [])
+        values = torch.randint(-9, 9, (n,), generator=generator)
+        assert torch.equal(_repeat_each(values, length), values.repeat_interleave(length))
+
+
 def test_disjoint_gives_every_seed_its_own_tree():
     # Seeds 0 and 1 share in-neighbour 2; 2's in-neighbour is 3.
     data = Data(edge_index=torch.tensor([[2, 2, 3], [0, 1, 2]]), num_nodes=4)
