@@ -17,6 +17,12 @@ from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
+# The CPU selects keys with numpy's partition below weighted._PARTITION_MAX_THREADS threads,
+# with topk from there on (as GPUs do): both must take the same columns.
+BOTH_SELECTIONS = pytest.mark.parametrize("partition_max_threads", [10 ** 6, 1],
+                                          ids=["numpy", "topk"])
+
+
 def random_graph(num_nodes=200, num_edges=2000, dtype=torch.long, seed=0):
     """Distinct random edges in random (unsorted) order, with arange features/attributes."""
     gen = torch.Generator().manual_seed(seed)
@@ -163,7 +169,8 @@ def test_concatenated_ranges_and_repeats_match_their_loops(dtype):
         got = _concatenated_ranges(start.to(dtype), length)
         assert got.dtype == dtype and got.tolist() == sum(expected, [])
         values = torch.randint(-9, 9, (n,), generator=generator)
-        assert torch.equal(_repeat_each(values, length), values.repeat_interleave(length))
+        assert torch.equal(_repeat_each(values, length, int(length.sum())),
+                           values.repeat_interleave(length))
 
 
 def test_disjoint_gives_every_seed_its_own_tree():
@@ -357,9 +364,12 @@ def test_weighted_takes_zero_weights_only_to_fill():
     assert ((out.node[out.row] - c) != 4).all()
 
 
-def test_weighted_fills_with_the_first_zero_weight_edges_in_the_callers_order():
-    """As docs/api.md says: on the CPU, a node short of positive weights takes its weight-0
-    edges in the order of the caller's edge_index (ties of keys go to the lower column)."""
+@BOTH_SELECTIONS
+def test_weighted_fills_with_the_first_zero_weight_edges_in_the_callers_order(
+        partition_max_threads, monkeypatch):
+    """As docs/api.md says: a node short of positive weights takes its weight-0 edges in the
+    order of the caller's edge_index (ties of keys go to the lower column)."""
+    monkeypatch.setattr(weighted, "_PARTITION_MAX_THREADS", partition_max_threads)
     # Node 0's in-edges from 1..6, listed in a scrambled order; only the edge from 4 weighs.
     src = torch.tensor([5, 2, 4, 6, 1, 3])
     data = Data(edge_index=torch.stack([src, torch.zeros(6, dtype=torch.long)]),
@@ -381,10 +391,13 @@ def test_weighted_fills_with_zero_weights_never_with_padding(padding_budget, mon
     assert (picks[:, 0] == 0).all()
 
 
+@BOTH_SELECTIONS
 @pytest.mark.parametrize("width, k", [(11, 10), (20, 10), (80, 25), (3, 1)])
-def test_k_smallest_columns_are_each_rows_k_smallest(width, k):
-    """The key selection (numpy's partition of (key, column) pairs on the CPU) returns each
-    row's k smallest entries, whatever their signs, ties and the padding value."""
+def test_k_smallest_columns_are_each_rows_k_smallest(width, k, partition_max_threads,
+                                                     monkeypatch):
+    """The key selection returns each row's k smallest entries, whatever their signs, ties
+    and the padding value, and of equal entries the lower columns."""
+    monkeypatch.setattr(weighted, "_PARTITION_MAX_THREADS", partition_max_threads)
     generator = torch.Generator().manual_seed(width)
     keys = torch.randint(-2**31, 2**31 - 1, (500, width), dtype=torch.int32,
                          generator=generator)
@@ -397,6 +410,9 @@ def test_k_smallest_columns_are_each_rows_k_smallest(width, k):
     assert (chosen[:, 1:] > chosen[:, :-1]).all(), "a column chosen twice"
     expected = keys.sort(1).values[:, :k]
     assert torch.equal(keys.gather(1, columns).sort(1).values, expected)
+    # Ties: (key, column) sorted stably by key gives the columns to take.
+    stable = keys.sort(dim=1, stable=True).indices[:, :k].sort(1).values
+    assert torch.equal(chosen, stable)
 
 
 def test_log_uniform_is_log_of_a_centred_grid_in_zero_one():

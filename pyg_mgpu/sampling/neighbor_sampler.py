@@ -250,7 +250,8 @@ class NeighborSampler(PyGNeighborSampler):
         torch.cumsum(inside, 0, dtype=edge.dtype, out=kept_so_far[1:])
         kept_before = kept_so_far.index_select(0, torch.cumsum(deg, 0))
         kept_per_node = torch.diff(kept_before, prepend=kept_before.new_zeros(1))
-        dst_local = _repeat_each(torch.arange(node.numel(), device=node.device), kept_per_node)
+        dst_local = _repeat_each(torch.arange(node.numel(), device=node.device), kept_per_node,
+                                 total=kept.numel())
         return (src_local.index_select(0, kept), dst_local,
                 edge.index_select(0, kept).long())
 
@@ -368,9 +369,10 @@ def _concatenated_ranges(start: Tensor, length: Tensor) -> Tensor:
     """``cat([arange(s, s + n) for s, n in zip(start, length)])``, in ``start``'s dtype.
 
     Built as a running sum of ones, where each range's first element instead jumps from the
-    previous range's last: two passes over the output. ``repeat_interleave`` of the starts
-    plus an ``arange`` (an int64 index and two more passes) took ~6x longer on the CPU for
-    the millions of positions of an induced subgraph's in-edges.
+    previous range's last: a fill and a running sum over the output, and a write per range.
+    ``repeat_interleave`` of the starts plus an ``arange`` (an int64 index and more passes)
+    took ~6x longer on the CPU for the millions of positions of an induced subgraph's
+    in-edges.
     """
     step = torch.ones(int(length.sum()), dtype=start.dtype, device=start.device)
     nonempty = (length > 0).nonzero().squeeze(1)
@@ -382,10 +384,11 @@ def _concatenated_ranges(start: Tensor, length: Tensor) -> Tensor:
     return step.cumsum_(0)
 
 
-def _repeat_each(values: Tensor, count: Tensor) -> Tensor:
-    """``repeat_interleave(values, count)`` as a running sum of the jumps between the values of
-    consecutive non-empty runs (see :func:`_concatenated_ranges`)."""
-    jump = torch.zeros(int(count.sum()), dtype=values.dtype, device=values.device)
+def _repeat_each(values: Tensor, count: Tensor, total: int) -> Tensor:
+    """``repeat_interleave(values, count)`` (``total`` is ``count.sum()``) as a running sum of
+    the jumps between the values of consecutive non-empty runs (see
+    :func:`_concatenated_ranges`)."""
+    jump = torch.zeros(total, dtype=values.dtype, device=values.device)
     nonempty = (count > 0).nonzero().squeeze(1)
     values, count = values.index_select(0, nonempty), count.index_select(0, nonempty)
     jump.index_copy_(0, torch.cumsum(count, 0).sub_(count),

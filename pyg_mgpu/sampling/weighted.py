@@ -229,7 +229,8 @@ def _weighted_by_keys(weight: Tensor, start: Tensor, deg: Tensor, k: int,
         # They are negative (-inf for weight 0, drawn only to fill a node with fewer than k
         # positive weights), and padding is made positive so it is never drawn. Read as int32,
         # floats of one sign order by magnitude and negatives sit below positives, so the k
-        # smallest int32 are the k largest keys (integers: ~30% faster to select than floats).
+        # smallest int32 are the k largest keys (as integers they pack with their columns into
+        # int64 pairs: see _k_smallest_columns).
         key = key.view(-1, width).div_(view.index_select(0, group_start))
         if group.min_degree < width:  # only columns past the smallest degree can be padding
             past_end = column[group.min_degree:width] >= group_deg
@@ -239,40 +240,49 @@ def _weighted_by_keys(weight: Tensor, start: Tensor, deg: Tensor, k: int,
 
 
 def _argsort(values: Tensor) -> Tensor:
-    """Positions that sort the int64 ``values``; ties in no particular order (deterministic).
+    """Positions that sort the int64 ``values``; ties in no particular order.
 
     On the CPU numpy's introsort: ~4x faster than ``torch.sort`` on a hop's ~10^4 degrees.
+    Its order of ties is the same from run to run, but numpy picks its sorting code by CPU,
+    so another machine may order ties (and so give out the random keys) differently.
     """
     if values.device.type == "cpu":
         return torch.from_numpy(np.argsort(values.numpy()))
     return torch.sort(values).indices
 
 
+# At 1 and 2 threads numpy's partition ran 2-4x faster than topk (rows of 12-40 keys); topk's
+# time halved from 1 to 2 threads, so from about 4 threads it would catch up.
+_PARTITION_MAX_THREADS = 4
+# Which int32 of an int64 holds its low bits, and which its high bits.
+_LOW_WORD, _HIGH_WORD = (0, 1) if sys.byteorder == "little" else (1, 0)
+
+
 def _k_smallest_columns(matrix: Tensor, k: int, out: Tensor) -> None:
     """Writes to ``out`` (``[rows, k]`` int64) the columns of each row's ``k`` smallest
-    entries of the int32 ``matrix``, in no particular order within a row (on the CPU, of equal
-    entries the lower columns are taken).
+    entries of the int32 ``matrix``, in no particular order within a row; of equal entries,
+    the lower columns are taken.
 
-    On the CPU each entry and its column become one int64 (entry in the high word), and
-    numpy's introselect partitions those in place: ordering the pairs orders the entries,
-    with the columns alongside. On rows of tens of entries that ran ~3x faster than
-    ``torch.topk``, which builds a buffer of (value, index) pairs for every row, and ~1.7x
-    faster than numpy's ``argpartition``, which writes an index for every entry.
+    Each entry and its column become one int64, the entry in the high word: the pairs order
+    as the entries do, ties by column, and they are distinct, so a row's ``k`` smallest pairs
+    are one set on every device and machine. On the CPU, numpy's introselect partitions them
+    in place: on rows of tens of entries ~3x faster than ``torch.topk``, which builds a buffer
+    of (value, index) pairs for every row, and ~1.7x faster than numpy's ``argpartition``,
+    which writes an index for every entry. It runs on one thread, while ``topk`` shares the
+    rows among torch's threads: with ``_PARTITION_MAX_THREADS`` threads or more, and on
+    GPUs, ``topk`` selects the pairs.
     """
-    if matrix.device.type != "cpu":
-        torch.topk(matrix, k, dim=1, largest=False, sorted=False,
-                   out=(torch.empty_like(out, dtype=matrix.dtype), out))
-        return
     rows, width = matrix.shape
-    pairs = torch.empty(rows, width, 2, dtype=torch.int32)
+    pairs = torch.empty(rows, width, 2, dtype=torch.int32, device=matrix.device)
     pairs[:, :, _HIGH_WORD] = matrix
-    pairs[:, :, _LOW_WORD] = torch.arange(width, dtype=torch.int32)
-    pairs.view(torch.int64).view(rows, width).numpy().partition(k - 1, axis=1)
-    out.copy_(pairs[:, :k, _LOW_WORD])
-
-
-# Which int32 of an int64 holds its high bits.
-_LOW_WORD, _HIGH_WORD = (0, 1) if sys.byteorder == "little" else (1, 0)
+    pairs[:, :, _LOW_WORD] = torch.arange(width, dtype=torch.int32, device=matrix.device)
+    pairs = pairs.view(torch.int64).view(rows, width)
+    if matrix.device.type == "cpu" and torch.get_num_threads() < _PARTITION_MAX_THREADS:
+        pairs.numpy().partition(k - 1, axis=1)
+        smallest = pairs[:, :k]
+    else:
+        smallest = torch.topk(pairs, k, dim=1, largest=False, sorted=False).values
+    out.copy_(smallest.view(torch.int32).view(rows, k, 2)[:, :, _LOW_WORD])
 
 
 def _log_uniform(numel: int, generator, device) -> Tensor:

@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "benchmarks/dgl_env.sh builds, if present)")
     p.add_argument("--sampler-only", action="store_true",
                    help="measure sampled edges/s instead of training")
-    p.add_argument("--batches", type=int, default=30, help="batches per sampler measurement")
+    p.add_argument("--batches", type=int, default=30,
+                   help="batches per sampler measurement (--sampler-only: a multiple of 6 "
+                        "gives every mode every place in the turns equally often)")
     p.add_argument("--sampler-device", choices=["cpu", "cuda"], default="cpu",
                    help="--sampler-only: where the graph and seeds live and sampling runs; cuda "
                         "times with torch.cuda.synchronize and skips the worker and PyG lines")
@@ -189,8 +191,11 @@ def _interleaved_edges_per_s(samplers: dict, batches, count: int, sync=None,
     The order of the turns changes from batch to batch (:func:`balanced_orders`) so that
     each sampler comes right after each other one equally often: in a fixed order, a turn
     right after the induced sampler's ran ~2 ms slower (on a 2-core EPYC, after its tens of
-    MB of freed temporaries), and always the same sampler paid it. ``evict`` (see
-    :func:`_cache_evictor`) runs, untimed, before each turn."""
+    MB of freed temporaries), and always the same sampler paid it. Each batch opens with an
+    untimed turn of its first sampler, so that what the previous batch's last turn leaves
+    behind is never timed either. Over a multiple of ``len(balanced_orders(n))`` batches
+    (30 for the bench's 6 modes) every sampler takes every place equally often. ``evict``
+    (see :func:`_cache_evictor`) runs, untimed, before each turn."""
     sync, evict = sync or (lambda: None), evict or (lambda: None)
     batches = list(batches)[:count + 1]
     edges, seconds = dict.fromkeys(samplers, 0), dict.fromkeys(samplers, 0.0)
@@ -199,7 +204,10 @@ def _interleaved_edges_per_s(samplers: dict, batches, count: int, sync=None,
     names = list(samplers)
     orders = balanced_orders(len(names))
     for i, batch in enumerate(batches[1:]):
-        for name in (names[j] for j in orders[i % len(orders)]):
+        order = [names[j] for j in orders[i % len(orders)]]
+        evict()
+        samplers[order[0]].sample(batch)  # untimed: the lead-in
+        for name in order:
             evict()
             sync()
             start = time.perf_counter()
@@ -224,8 +232,8 @@ def balanced_orders(n: int) -> list[list[int]]:
 
 
 def _cache_evictor(device):
-    """A call that overwrites a buffer twice the size of ``device``'s last-level cache (at
-    least 64 MiB), so that each sampler's turn starts from cold caches.
+    """A call that overwrites :func:`_eviction_bytes` of memory on ``device``, so that each
+    sampler's turn starts from cold caches.
 
     In training a model step runs between two batches and leaves little of the graph in
     cache. Without this, a sampler's turn starts with whatever the one before it left: on a
@@ -234,12 +242,19 @@ def _cache_evictor(device):
     """
     import torch
 
+    buffer = torch.empty(_eviction_bytes(device), dtype=torch.uint8, device=device)
+    return lambda: buffer.fill_(1)
+
+
+def _eviction_bytes(device) -> int:
+    """Twice ``device``'s last-level cache (the GPU's L2 on CUDA), and at least 64 MiB."""
+    import torch
+
     if device.type == "cuda":
         cache = torch.cuda.get_device_properties(device).L2_cache_size
     else:
         cache = _cpu_last_level_cache_bytes()
-    buffer = torch.empty(max(64 << 20, 2 * cache), dtype=torch.uint8, device=device)
-    return lambda: buffer.fill_(1)
+    return max(64 << 20, 2 * cache)
 
 
 def _cpu_last_level_cache_bytes() -> int:

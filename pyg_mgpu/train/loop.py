@@ -84,7 +84,8 @@ class EpochTotals:
     The sums stay on the batch's device, so a training step never waits for the GPU to read
     them back (torchmetrics' metrics did, a few times per step: its NaN check and argument
     checks read device values on the host). :meth:`compute` sums them over the ranks and
-    divides once.
+    divides once. A NaN loss makes the epoch's loss NaN (torchmetrics dropped it with a
+    warning): a diverged run shows.
     """
 
     def __init__(self, device: torch.device):
