@@ -158,18 +158,19 @@ def test_induced_order_on_graphs_with_isolated_nodes(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_concatenated_ranges_and_repeats_match_their_loops(dtype):
-    from pyg_mgpu.sampling.neighbor_sampler import _concatenated_ranges, _repeat_each
+def test_runs_match_ranges_and_repeats_built_by_loops(dtype):
+    from pyg_mgpu.sampling.neighbor_sampler import _runs
     generator = torch.Generator().manual_seed(0)
     for n in (0, 1, 5, 40):
         length = torch.randint(0, 4, (n,), generator=generator)
         length[::3] = 0  # empty runs, also first and last
+        total = int(length.sum())
         start = torch.randint(0, 1000, (n,), generator=generator)
         expected = [list(range(s, s + k)) for s, k in zip(start.tolist(), length.tolist())]
-        got = _concatenated_ranges(start.to(dtype), length)
+        got = _runs(start.to(dtype), length, step=1, total=total)
         assert got.dtype == dtype and got.tolist() == sum(expected, [])
         values = torch.randint(-9, 9, (n,), generator=generator)
-        assert torch.equal(_repeat_each(values, length, int(length.sum())),
+        assert torch.equal(_runs(values, length, step=0, total=total),
                            values.repeat_interleave(length))
 
 

@@ -240,7 +240,7 @@ class NeighborSampler(PyGNeighborSampler):
         deg = self.colptr[1:].index_select(0, node).sub_(start)
         # Every in-edge of every sampled node: its CSC position (a run per node). Most are
         # dropped below, so these passes run in int32 where the edge count allows.
-        edge = _concatenated_ranges(start.to(self._offset_type), deg)
+        edge = _runs(start.to(self._offset_type), deg, step=1, total=int(deg.sum()))
         src_local = lookup.index_select(0, self.row.index_select(0, edge))
         inside = src_local != _unseen(lookup.dtype)
         kept = inside.nonzero().squeeze(1)
@@ -250,8 +250,8 @@ class NeighborSampler(PyGNeighborSampler):
         torch.cumsum(inside, 0, dtype=edge.dtype, out=kept_so_far[1:])
         kept_before = kept_so_far.index_select(0, torch.cumsum(deg, 0))
         kept_per_node = torch.diff(kept_before, prepend=kept_before.new_zeros(1))
-        dst_local = _repeat_each(torch.arange(node.numel(), device=node.device), kept_per_node,
-                                 total=kept.numel())
+        dst_local = _runs(torch.arange(node.numel(), device=node.device), kept_per_node,
+                          step=0, total=kept.numel())
         return (src_local.index_select(0, kept), dst_local,
                 edge.index_select(0, kept).long())
 
@@ -365,35 +365,24 @@ def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
     return nbr.masked_select(lookup.index_select(0, nbr) == offer)
 
 
-def _concatenated_ranges(start: Tensor, length: Tensor) -> Tensor:
-    """``cat([arange(s, s + n) for s, n in zip(start, length)])``, in ``start``'s dtype.
+def _runs(first: Tensor, length: Tensor, step: int, total: int) -> Tensor:
+    """``cat([first[i] + step * arange(length[i]) for i])`` in ``first``'s dtype (``total`` is
+    ``length.sum()``): with ``step=1`` the ranges ``first[i] .. first[i] + length[i] - 1``
+    one after another, with ``step=0`` ``repeat_interleave(first, length)``.
 
-    Built as a running sum of ones, where each range's first element instead jumps from the
-    previous range's last: a fill and a running sum over the output, and a write per range.
+    Built as a running sum of ``step``, where each run's first element instead jumps from the
+    previous run's last: a fill and a running sum over the output, and a write per run.
     ``repeat_interleave`` of the starts plus an ``arange`` (an int64 index and more passes)
     took ~6x longer on the CPU for the millions of positions of an induced subgraph's
     in-edges.
     """
-    step = torch.ones(int(length.sum()), dtype=start.dtype, device=start.device)
+    out = torch.full((total,), step, dtype=first.dtype, device=first.device)
     nonempty = (length > 0).nonzero().squeeze(1)
-    start, length = start.index_select(0, nonempty), length.index_select(0, nonempty)
-    last = start + length.to(start.dtype) - 1
+    first, length = first.index_select(0, nonempty), length.index_select(0, nonempty)
+    last = first + step * (length.to(first.dtype) - 1)
     previous_last = torch.cat([last.new_zeros(1), last[:-1]])  # the sum starts from 0
-    first_position = torch.cumsum(length, 0).sub_(length)
-    step.index_copy_(0, first_position, start - previous_last)
-    return step.cumsum_(0)
-
-
-def _repeat_each(values: Tensor, count: Tensor, total: int) -> Tensor:
-    """``repeat_interleave(values, count)`` (``total`` is ``count.sum()``) as a running sum of
-    the jumps between the values of consecutive non-empty runs (see
-    :func:`_concatenated_ranges`)."""
-    jump = torch.zeros(total, dtype=values.dtype, device=values.device)
-    nonempty = (count > 0).nonzero().squeeze(1)
-    values, count = values.index_select(0, nonempty), count.index_select(0, nonempty)
-    jump.index_copy_(0, torch.cumsum(count, 0).sub_(count),
-                     torch.diff(values, prepend=values.new_zeros(1)))
-    return jump.cumsum_(0)
+    out.index_copy_(0, torch.cumsum(length, 0).sub_(length), first - previous_last)
+    return out.cumsum_(0)
 
 
 def _assign_local_ids(keys: Tensor, seen_keys: Tensor, seen_local: Tensor,
