@@ -34,10 +34,10 @@ def reduce_metrics(ctx, result):
     # not the 1/2 that averaging per-rank ratios would give. Losses likewise weighted 3:1.
     from pyg_mgpu.train.loop import EpochTotals
     if ctx.rank == 0:
-        target, loss = torch.tensor([0, 1, 2]), 1.0
+        preds, target, loss = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]), 1.0
     else:
-        target, loss = torch.tensor([1]), 5.0
-    logits = F.one_hot(target if ctx.rank == 0 else torch.tensor([0]), 3).float()
+        preds, target, loss = torch.tensor([0]), torch.tensor([1]), 5.0
+    logits = F.one_hot(preds, 3).float()
     totals = EpochTotals(torch.device("cpu"))
     totals.update(logits, target, torch.tensor(loss))
     result[ctx.rank, 0], result[ctx.rank, 1] = totals.compute()[::-1]

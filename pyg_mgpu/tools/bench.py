@@ -236,9 +236,10 @@ def _cache_evictor(device):
     sampler's turn starts from cold caches.
 
     In training a model step runs between two batches and leaves little of the graph in
-    cache. Without this, a sampler's turn starts with whatever the one before it left: on a
-    2-core EPYC (32 MiB L3) the weighted sampler, which follows the induced one, ran ~25%
-    slower than when it followed the directional one, while directional ran warm.
+    cache; without this, a sampler's turn starts with whatever the turn before it left in
+    cache (on a 2-core EPYC with 32 MiB L3, directional's turn went from ~4.4 to ~5.0 ms with
+    the eviction). The slowdown of a turn right after the induced sampler's is not a cache
+    effect and stays: the order of the turns spreads it (:func:`_interleaved_edges_per_s`).
     """
     import torch
 
