@@ -4,8 +4,8 @@
 #
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT tests     # versions, pytest -m gpu
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes
-#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, 2 gloo ranks on
-#                                                          # one GPU
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, a stop and resume,
+#                                                          # 2 gloo ranks on one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
 #                                                          # with nvidia-smi sampling
 #   bash benchmarks/gpu_suite.sh OUT quick                  # all but full (over one call)
@@ -150,6 +150,12 @@ if want variants; then
   # The same placement as graph_gpu: the checkpoint holds the GPU generator's state.
   train resume 240 --devices "$DEV" --graph-on gpu --resume "$OUT/graph_gpu" \
     --epochs $((EPOCHS + 1))
+  # SIGTERM in epoch 2 with graph_gpu's flags (the GPU prefetches: the checkpoint holds the
+  # sampler's state before the batch drawn ahead), no process left, then --resume: graph_gpu's
+  # losses and accuracies exactly.
+  step stop_resume 400 "$PY" benchmarks/stop_and_resume.py "$OUT/graph_gpu" "$OUT/stop_resume" \
+    -- --num-nodes "$NODES" --num-edges "$EDGES" --num-features 100 --num-classes 47 \
+    --fanout 15,10,5 --batch-size 1024 --epochs "$EPOCHS" --devices "$DEV" --graph-on gpu
   # Multi-rank CUDA logic on one GPU: 2 ranks over gloo (NCCL refuses two ranks on one GPU).
   train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
     --inference layerwise

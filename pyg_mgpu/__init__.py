@@ -16,13 +16,14 @@ so they need neither pyg-lib nor torch-sparse. See docs/api.md.
 """
 from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.data.datasets import load_dataset
-from pyg_mgpu.distributed.launch import RankContext, RankFailed, spawn
+from pyg_mgpu.distributed.launch import JobStopped, RankContext, RankFailed, spawn
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train import evaluation
 from pyg_mgpu.train.evaluation import accuracy, global_ratio, layerwise_inference
 
 __all__ = [
+    "JobStopped",
     "NeighborLoader",
     "NeighborSampler",
     "RankContext",

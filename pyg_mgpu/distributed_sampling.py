@@ -111,7 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pyg = PyG's example model as written (untrimmed), the benchmark baseline")
     p.add_argument("--resume", default=d.resume, metavar="RUN_DIR",
                    help="continue the run whose checkpoint.pt is in RUN_DIR (writes there too "
-                        "unless --out is given)")
+                        "unless --out is given), at the epoch or step it was taken; 'auto': "
+                        "continue from --out's checkpoint if there is one, else start afresh "
+                        "(for torchrun --max-restarts and requeued batch jobs)")
+    p.add_argument("--checkpoint-every-steps", type=int, default=d.checkpoint_every_steps,
+                   metavar="N", help="also write checkpoint.pt inside epochs, every N training "
+                                     "steps (only the newest is kept)")
+    p.add_argument("--checkpoint-every-s", type=float, default=d.checkpoint_every_s,
+                   metavar="S", help="also write checkpoint.pt inside epochs, every S seconds")
+    p.add_argument("--grace-s", type=float, default=d.grace_s,
+                   help="after SIGTERM, SIGINT or SIGHUP the ranks finish their step, write a "
+                        "checkpoint and exit; a rank still running this many seconds later is "
+                        "killed")
     p.add_argument("--cache-dir", default=d.cache_dir,
                    help="where converted graphs are kept, so later runs read them instead of "
                         "converting again (default: $PYG_MGPU_CACHE/graphs, else "
@@ -149,7 +160,7 @@ def make_out_dir(out: Optional[str]) -> Path:
 
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
-    from pyg_mgpu.train.checkpoint import check_resumable
+    from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable
     from pyg_mgpu.data.datasets import load_configured
     from pyg_mgpu.distributed.launch import (launch_local, launched_by_torchrun, release_free_heap,
                               resolve_devices, usable_cores)
@@ -158,6 +169,8 @@ def run(cfg: TrainConfig) -> Path:
 
     resolve_sampler(cfg.sampler)
     out = make_out_dir(cfg.out or cfg.resume)
+    if cfg.resume == "auto":  # a restarted job continues; a first start starts afresh
+        cfg.resume = cfg.out if (out / CHECKPOINT).is_file() else None
     torchrun = launched_by_torchrun()
     devices = None if torchrun else resolve_devices(cfg.devices, cfg.nprocs, cfg.backend)
     if cfg.resume:
@@ -179,15 +192,19 @@ def run(cfg: TrainConfig) -> Path:
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
     launch_local(run_training, devices, args=(graph, cfg, str(out), {"load_time_s": load_s}),
                  timeout_s=cfg.timeout_s, tune_allocator=cfg.recipe == "pyg_mgpu",
-                 backend=cfg.backend)
+                 backend=cfg.backend, grace_s=cfg.grace_s)
     from pyg_mgpu.tools.report import plot_run
     plot_run(out)
     return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from pyg_mgpu.distributed.launch import JobStopped, RankFailed
+    from pyg_mgpu.distributed.stop import StopSignal, stopped_exit_code
+
     args = build_parser().parse_args(argv)
     debug = args.debug
+    cfg = None
     try:
         cfg = TrainConfig(**vars(args))
         run(cfg)
@@ -196,17 +213,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (JobStopped, StopSignal) as e:  # StopSignal: this process is a torchrun rank
+        if not isinstance(e, StopSignal) or int(os.environ.get("RANK", 0)) == 0:
+            # A new line: a rank's progress bar may have been cut off mid-line.
+            print(f"\nerror: {e}; {_checkpoint_note(cfg)}", file=sys.stderr)
+        return stopped_exit_code(e.signum)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a rank failed: RankFailed carries its traceback already
-        from pyg_mgpu.distributed.launch import RankFailed
         if debug or not isinstance(e, RankFailed):
             traceback.print_exc()
         else:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"\nerror: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _checkpoint_note(cfg: TrainConfig) -> str:
+    """Where a stopped run's checkpoint is and how to continue from it, in one clause."""
+    from pyg_mgpu.train.checkpoint import CHECKPOINT, describe
+
+    run_dir = Path(cfg.out or cfg.resume)
+    path = run_dir / CHECKPOINT
+    try:
+        import torch
+        ckpt = torch.load(path, weights_only=False, mmap=True, map_location="cpu")
+    except Exception:  # none yet (stopped in its first epoch), or unreadable
+        return f"no checkpoint in {run_dir} (the job stopped before writing one)"
+    return f"checkpoint {path} ({describe(ckpt)}); continue with --resume {run_dir}"
 
 
 if __name__ == "__main__":

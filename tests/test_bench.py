@@ -125,7 +125,7 @@ GPU_SUITE_PARTS = {
     "tests": ["env", "pytest_gpu"],
     "sampler": ["sampler_1m", "sampler_2_4m"],
     "variants": ["graph_gpu", "graph_cpu_cache", "graph_cpu_mmap", "amp_bf16", "compile",
-                 "prefetch2", "layerwise", "eval_all", "resume", "gloo_2ranks"],
+                 "prefetch2", "layerwise", "eval_all", "resume", "stop_resume", "gloo_2ranks"],
     "full": ["products"],
 }
 

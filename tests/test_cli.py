@@ -67,7 +67,7 @@ def test_end_to_end_run_writes_complete_outputs(tmp_path):
         assert {"train_loss", "val_acc", "epoch_time_s", "eval_time_s"} <= set(e)
         stages = e["stage_times_s"]
         assert set(stages) == {"sample", "gather", "forward", "backward", "allreduce",
-                               "optimizer"}
+                               "optimizer", "checkpoint"}
         # Positive after carving sampling out of loading and the all-reduce out of backward.
         assert all(v > 0 for v in stages.values())
     rows = list(csv.DictReader((out / "history.csv").open()))
@@ -144,7 +144,8 @@ def test_prefetching_changes_timing_not_results(tmp_path):
     assert runs["0"]["test_acc"] == runs["2"]["test_acc"]
     # Sampling runs in the background thread: this thread only sees the wait for a batch.
     assert set(runs["2"]["epochs"][0]["stage_times_s"]) == {"load", "forward", "backward",
-                                                            "allreduce", "optimizer"}
+                                                            "allreduce", "optimizer",
+                                                            "checkpoint"}
 
 
 def test_full_shared_memory_is_a_clear_error(tmp_path, capsys, monkeypatch):
@@ -194,4 +195,5 @@ def test_dataloader_workers_in_spawned_ranks(tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     assert set(metrics["epochs"][0]["stage_times_s"]) == {"load", "forward", "backward",
-                                                          "allreduce", "optimizer"}
+                                                          "allreduce", "optimizer",
+                                                          "checkpoint"}

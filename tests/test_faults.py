@@ -2,7 +2,8 @@
 
 The CLI tests run the real ``python -m pyg_mgpu.distributed_sampling`` in its own session (so its
 process group can always be killed in cleanup) and, mid-epoch, SIGKILL a rank (as the kernel's OOM
-killer would) or SIGTERM the launcher (as ``timeout`` or a batch system would). Exceptions and
+killer would), SIGKILL one of a rank's loader workers, or SIGTERM the launcher (as ``timeout`` or a
+batch system would; tests/test_stop.py checks what a stop leaves behind). Exceptions and
 process-group timeouts are injected at the ``launch_local`` level: the trainer has no hook.
 """
 import contextlib
@@ -22,6 +23,8 @@ from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed.launch import RankFailed, launch_local
 
 import _inference_ranks
+from _processes import (group_members, ignore_sigint, kill, kill_group, rank_processes,
+                        wait_for_exit, wait_for_output, wait_until_gone)
 
 pytestmark = pytest.mark.slow
 
@@ -32,119 +35,75 @@ CLI_ARGS = ["--devices", "cpu", "--nprocs", "2", "--num-nodes", "200000",
             "--num-edges", "4000000", "--epochs", "50"]
 
 
-def _alive(pids) -> list[int]:
-    """The pids that still run (a zombie has finished: only its exit status is left)."""
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def _wait_until_gone(pids, timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return _alive(pids)
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live processes of a process group (the CLI's session: parent, ranks, their helpers)."""
-    members = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid:
-                members.append(proc.pid)
-        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
-            pass
-    return _alive(members)
-
-
-def _kill(pids) -> None:
-    for pid in _alive(pids):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _rank_processes(parent: psutil.Process) -> list[psutil.Process]:
-    """The parent's rank processes in rank order (spawned one after another, rank 0 first);
-    the multiprocessing resource tracker, also a child, is not one."""
-    ranks = [p for p in parent.children()
-             if any("spawn_main" in part for part in p.cmdline())]
-    return sorted(ranks, key=lambda p: (p.create_time(), p.pid))
-
-
-def _wait_for_training(job: subprocess.Popen, stderr: Path, timeout_s: float) -> None:
-    """Returns once rank 0's tqdm bar for epoch 1 has drawn (the ranks are training)."""
-    deadline = time.monotonic() + timeout_s
-    while "epoch 1" not in stderr.read_text(errors="replace"):
-        if job.poll() is not None:
-            pytest.fail(f"the job ended before training (exit {job.returncode}):\n"
-                        f"{stderr.read_text(errors='replace')[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no 'epoch 1' progress within {timeout_s:.0f}s")
-        time.sleep(0.2)
-
-
 @contextlib.contextmanager
-def _training_cli_job(tmp_path: Path):
-    """Starts the CLI in its own session, yields it once both ranks train, and always kills the
-    session's process group afterwards, so nothing survives a failed assertion."""
+def _training_cli_job(tmp_path: Path, extra_args=()):
+    """Starts the CLI in its own session with SIGINT ignored (as ``cmd &`` and ``nohup`` start
+    it), yields it once both ranks train, and always kills the session's process group
+    afterwards, so nothing survives a failed assertion."""
     stderr = tmp_path / "stderr.txt"
     with (tmp_path / "stdout.txt").open("w") as out, stderr.open("w") as err:
         job = subprocess.Popen(
-            [sys.executable, "-m", "pyg_mgpu.distributed_sampling", *CLI_ARGS,
+            [sys.executable, "-m", "pyg_mgpu.distributed_sampling", *CLI_ARGS, *extra_args,
              "--out", str(tmp_path / "run")],
-            stdout=out, stderr=err, cwd=REPO, start_new_session=True)
+            stdout=out, stderr=err, cwd=REPO, start_new_session=True,
+            preexec_fn=ignore_sigint)
     try:
-        _wait_for_training(job, stderr, timeout_s=120)
+        wait_for_output(job, stderr, "epoch 1", timeout_s=120)
         yield job, stderr
     finally:
-        try:
-            os.killpg(job.pid, signal.SIGKILL)  # the session's group: parent, ranks, helpers
-        except ProcessLookupError:
-            pass
+        kill_group(job.pid)  # the session's group: parent, ranks, helpers
         job.wait()
-
-
-def _wait_for_exit(job: subprocess.Popen, what: str, timeout_s: float = 30) -> int:
-    try:
-        return job.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the parent still runs {timeout_s:.0f}s after {what} (hang)")
 
 
 def test_cli_rank_killed_mid_epoch_ends_the_job(tmp_path):
     with _training_cli_job(tmp_path) as (job, stderr):
         parent = psutil.Process(job.pid)
-        ranks = _rank_processes(parent)
+        ranks = rank_processes(parent)
         assert len(ranks) == 2, f"expected 2 rank processes, found {ranks}"
         children = [p.pid for p in parent.children(recursive=True)]
 
         ranks[1].send_signal(signal.SIGKILL)  # what the kernel's OOM killer does
-        code = _wait_for_exit(job, "rank 1 was killed")
+        code = wait_for_exit(job, "rank 1 was killed")
         log = stderr.read_text(errors="replace")
         assert code == 1, f"exit code {code}, expected 1:\n{log[-3000:]}"
         errors = [line for line in log.splitlines() if line.startswith("error:")]
         assert errors and re.search(r"\brank 1\b.*\bSIGKILL\b", errors[-1]), log[-3000:]
-        assert _wait_until_gone(children, timeout_s=5) == [], "rank processes outlived the job"
-        assert _group_members(job.pid) == [], "processes of the job outlived it"
+        assert wait_until_gone(children, timeout_s=5) == [], "rank processes outlived the job"
+        assert group_members(job.pid) == [], "processes of the job outlived it"
         assert not (tmp_path / "run" / "metrics.json").exists()
 
 
 def test_cli_parent_terminated_takes_its_ranks_along(tmp_path):
-    # SIGTERM to the launcher is what `timeout`, `kill` and a batch system's time limit send.
+    # SIGTERM to the launcher is what `timeout`, `kill` and a batch system's time limit send;
+    # the job runs with SIGINT ignored, as `cmd &` and `nohup` start it.
     with _training_cli_job(tmp_path) as (job, _):
         children = [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
         job.send_signal(signal.SIGTERM)
-        _wait_for_exit(job, "SIGTERM")
-        # Spawned ranks get SIGINT when their parent dies (torch sets PR_SET_PDEATHSIG).
-        assert _wait_until_gone(children, timeout_s=15) == [], "ranks outlived their parent"
+        code = wait_for_exit(job, "SIGTERM")
+        assert code == 128 + signal.SIGTERM
+        assert wait_until_gone(children, timeout_s=15) == [], "ranks outlived their parent"
+        assert group_members(job.pid) == [], "processes of the job outlived it"
+
+
+def test_cli_loader_worker_killed_ends_the_job(tmp_path):
+    with _training_cli_job(tmp_path, ["--num-workers", "2"]) as (job, stderr):
+        ranks = rank_processes(psutil.Process(job.pid))
+        deadline = time.monotonic() + 30
+        while len(workers := ranks[1].children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # DataLoader starts its workers one after another
+        assert len(workers) == 2, f"expected rank 1's 2 loader workers, found {workers}"
+        workers[0].send_signal(signal.SIGKILL)
+        code = wait_for_exit(job, "a loader worker was killed")
+        log = stderr.read_text(errors="replace")
+        assert code == 1, log[-3000:]
+        errors = [line for line in log.splitlines() if line.startswith("error:")]
+        assert errors and "rank 1 failed" in errors[-1], log[-3000:]
+        assert re.search(rf"DataLoader worker \(pid {workers[0].pid}\) is killed by signal",
+                         log), log[-3000:]
+        assert wait_until_gone([p.pid for p in ranks], timeout_s=5) == []
+        # A worker notices its rank's death at its next status check (every 5 s).
+        assert group_members(job.pid) == [] or wait_until_gone(
+            group_members(job.pid), timeout_s=10) == [], "processes of the job outlived it"
 
 
 def test_rank_raising_while_its_peer_blocks_in_allreduce():
@@ -162,9 +121,9 @@ def test_rank_raising_while_its_peer_blocks_in_allreduce():
         assert "rank 1" in str(err.value) and "injected failure mid-epoch" in str(err.value)
         assert elapsed < 30, f"the job took {elapsed:.0f}s to end after the failure"
         assert 0 not in pids.tolist(), "a rank never started"
-        assert _wait_until_gone(pids.tolist(), timeout_s=5) == [], "a rank outlived the job"
+        assert wait_until_gone(pids.tolist(), timeout_s=5) == [], "a rank outlived the job"
     finally:
-        _kill([pid for pid in pids.tolist() if pid])
+        kill([pid for pid in pids.tolist() if pid])
 
 
 def test_peer_that_never_arrives_times_out_the_collective():
@@ -180,6 +139,6 @@ def test_peer_that_never_arrives_times_out_the_collective():
         assert "rank 0" in str(err.value), str(err.value)
         assert re.search(r"time[d ]?out", str(err.value), re.IGNORECASE), str(err.value)
         assert elapsed < 30, f"the job took {elapsed:.0f}s with a {timeout_s}s timeout"
-        assert _wait_until_gone(pids.tolist(), timeout_s=5) == [], "a rank outlived the job"
+        assert wait_until_gone(pids.tolist(), timeout_s=5) == [], "a rank outlived the job"
     finally:
-        _kill([pid for pid in pids.tolist() if pid])
+        kill([pid for pid in pids.tolist() if pid])

@@ -636,3 +636,49 @@ def test_serves_pyg_link_neighbor_loader(disjoint):
         check_names_callers_edges(data, batch)
         # The labelled edges' endpoints are in the batch, at the positions the batch names.
         assert torch.equal(batch.n_id[batch.edge_label_index], label_index[:, batch.input_id])
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_epoch_continued_from_a_step_draws_the_same_batches(prefetch):
+    """``set_epoch(epoch, start_step=k)`` with the generator state from before batch k gives the
+    batches k, k+1, ... of the uninterrupted epoch, also when a prefetcher drew ahead."""
+    from pyg_mgpu.sampling.prefetch import Prefetcher
+    data = random_graph(num_nodes=150)
+
+    def loader():
+        return NeighborLoader(data, [3, 2], input_nodes=torch.arange(150), batch_size=7,
+                              shuffle=True, distributed=True, rank=1, world_size=2, seed=5)
+
+    whole = loader()
+    whole.set_epoch(3)
+    generator = whole.node_sampler.generator
+    states, batches = [], []
+    source = Prefetcher(whole, torch.device("cpu"), prefetch, snapshot=generator.get_state) \
+        if prefetch else whole
+    iterator = iter(source)
+    while True:
+        before = generator.get_state()
+        batch = next(iterator, None)
+        states.append(source.last_snapshot if prefetch else before)
+        if batch is None:
+            break
+        batches.append(batch)
+    assert len(batches) == len(whole) == 11
+    for k in (0, 4, 10, 11):
+        rest = loader()
+        rest.set_epoch(3, start_step=k)
+        rest.node_sampler.generator.set_state(states[k])
+        assert len(rest) == 11 - k
+        got = list(rest)
+        assert len(got) == 11 - k
+        for a, b in zip(got, batches[k:]):
+            assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+
+
+def test_start_step_needs_distributed_epochs():
+    data = random_graph()
+    with pytest.raises(ValueError, match="distributed=True"):
+        NeighborLoader(data, [2], batch_size=4).set_epoch(0, start_step=1)
+    loader = NeighborLoader(data, [2], batch_size=4, distributed=True, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="start_step"):
+        loader.set_epoch(0, start_step=len(loader) + 1)

@@ -14,16 +14,19 @@ import contextlib
 import ctypes
 import datetime
 import gc
+import multiprocessing.connection
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,6 +35,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_mgpu.data.csc import share_data
+from pyg_mgpu.distributed import stop
 
 DEFAULT_TIMEOUT_S = 300.0
 """How long a collective waits for a peer before the process group gives up."""
@@ -43,6 +47,26 @@ share one GPU (NCCL refuses two ranks on one device): for testing multi-rank log
 
 class RankFailed(RuntimeError):
     """A rank died; the message names the rank and carries its traceback or signal."""
+
+
+class JobStopped(RuntimeError):
+    """A stop signal ended the job before its ranks finished.
+
+    ``signum``: the signal; ``killed_after_grace``: the ranks that had not ended within the
+    grace period and were killed.
+    """
+
+    def __init__(self, signum: int, killed_after_grace: Sequence[int] = (),
+                 grace_s: float = stop.DEFAULT_GRACE_S):
+        self.signum = signum
+        self.killed_after_grace = list(killed_after_grace)
+        message = f"stopped by {stop.signal_name(signum)}"
+        if self.killed_after_grace:
+            ranks = ", ".join(map(str, self.killed_after_grace))
+            many = len(self.killed_after_grace) > 1
+            message += (f" ({'ranks' if many else 'rank'} {ranks} had not ended within "
+                        f"{grace_s:g}s and {'were' if many else 'was'} killed)")
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -149,8 +173,21 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
     backend = resolve_backend(backend, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if init_method == "env://" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's workers share its store across restarts, and a group's keys do not name
+        # the attempt: a restarted rank could read its peer's address from the attempt before
+        # and fail ("connectFullMesh failed ... Connection refused", 2 of 4 restarts here).
+        # Each attempt's keys get a prefix of their own.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"pyg_mgpu/attempt_{attempt}/", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timeout)
     try:
         yield RankContext(rank=rank, world_size=world_size,
                           local_rank=rank if local_rank is None else local_rank,
@@ -161,15 +198,17 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
 
 @contextlib.contextmanager
 def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                           tune_allocator: bool = True,
-                           backend: str = "auto") -> Iterator[RankContext]:
+                           tune_allocator: bool = True, backend: str = "auto",
+                           grace_s: float = stop.DEFAULT_GRACE_S) -> Iterator[RankContext]:
     """Joins the ``torchrun`` job as the rank its environment names, for the body.
 
     The rank runs on GPU ``LOCAL_RANK`` when CUDA is available and ``devices`` is not ``cpu``,
     else on the CPU. Like a spawned rank, it gets its share of the machine's cores as torch
-    threads (``LOCAL_WORLD_SIZE`` ranks per machine) and, with ``tune_allocator``, the
-    allocator settings of :func:`tune_cpu_allocator`.
+    threads (``LOCAL_WORLD_SIZE`` ranks per machine), with ``tune_allocator`` the allocator
+    settings of :func:`tune_cpu_allocator`, and the stop-signal handling of
+    :mod:`pyg_mgpu.distributed.stop` (torchrun forwards SIGTERM to its workers).
     """
+    stop.install_rank_handlers(grace_s)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = torch.cuda.is_available() and devices.strip().lower() != "cpu"
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -236,7 +275,8 @@ def _glibc_function(name: str) -> Callable | None:
 
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
                 timeout_s: float, report_dir: str, tune_allocator: bool, args: tuple,
-                backend: str = "auto") -> None:
+                backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S) -> None:
+    stop.install_rank_handlers(grace_s)
     if tune_allocator:
         tune_cpu_allocator()
     set_thread_budget(len(devices))
@@ -244,6 +284,10 @@ def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_m
                        timeout_s=timeout_s, backend=backend) as ctx:
         try:
             fn(ctx, *args)
+        except stop.StopSignal as e:
+            # Stopped, not failed: the parent reports the signal (and the trainer's checkpoint)
+            # instead of a traceback, and this rank leaves the group normally.
+            Path(report_dir, f"stop{rank}").write_text(str(e.signum))
         except BaseException:
             # The stamp lets the parent name the earliest failure (the cause), not whichever
             # rank happened to exit first. Then the rank exits at once: a graceful teardown
@@ -267,13 +311,109 @@ def _failure_reports(report_dir: str) -> dict[int, tuple[float, str]]:
     return reports
 
 
+def _stop_reports(report_dir: str) -> dict[int, int]:
+    """rank -> the stop signal that ended its work, for every rank that stopped on one."""
+    reports = {}
+    for path in Path(report_dir).glob("stop*"):
+        with contextlib.suppress(ValueError):
+            reports[int(path.name[len("stop"):])] = int(path.read_text())
+    return reports
+
+
+LAUNCHER_GRACE_MARGIN_S = 2.0
+
+
+class _LauncherSignals:
+    """The launcher's stop-signal handlers, for the time its ranks run.
+
+    The first SIGTERM, SIGINT or SIGHUP is forwarded to every rank and starts the grace period;
+    a second one ends the grace period at once.
+    """
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.signum = 0
+        self.deadline: Optional[float] = None
+        self.processes: list = []
+        self._previous: dict = {}
+
+    def __enter__(self) -> "_LauncherSignals":
+        # Python runs handlers in the main thread only; spawn() called from another thread
+        # keeps the process's own handling (the ranks still stop when the process dies).
+        if threading.current_thread() is threading.main_thread():
+            for signum in stop.STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.signum:  # a second signal: no more waiting
+            self.deadline = time.monotonic()
+            return
+        self.signum = signum
+        # Each rank's own watchdog ends it after grace_s; this is the backstop for a rank whose
+        # watchdog cannot run (a C call that never releases the GIL).
+        self.deadline = time.monotonic() + self.grace_s + LAUNCHER_GRACE_MARGIN_S
+        self.forward()
+
+    def forward(self) -> None:
+        for process in self.processes:
+            if process.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, self.signum)
+
+
+class _Outcome:
+    """How the ranks ended: the first that failed (index, exit code) and the ones killed."""
+
+    def __init__(self):
+        self.first_failed: Optional[tuple[int, int]] = None
+        self.killed_after_grace: list[int] = []
+        self.exit_codes: list[Optional[int]] = []
+
+
+def _watch_ranks(processes: list, signals: _LauncherSignals) -> _Outcome:
+    """Waits for every rank. The first to fail takes the others with it at once (they cannot
+    finish without it); after a stop signal, ranks still running past the grace period are
+    killed."""
+    outcome = _Outcome()
+    while True:
+        running = [p for p in processes if p.exitcode is None]
+        if not running:
+            outcome.exit_codes = [p.exitcode for p in processes]
+            return outcome
+        multiprocessing.connection.wait([p.sentinel for p in running], timeout=0.25)
+        for index, process in enumerate(processes):
+            if process.exitcode not in (None, 0) and outcome.first_failed is None:
+                outcome.first_failed = (index, process.exitcode)
+                _kill(processes)
+        if signals.deadline is not None and time.monotonic() >= signals.deadline:
+            outcome.killed_after_grace += [i for i, p in enumerate(processes)
+                                           if p.exitcode is None]
+            _kill(processes)
+
+
+def _kill(processes: list) -> None:
+    for process in processes:
+        if process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+    for process in processes:
+        process.join()
+
+
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
                  timeout_s: float = DEFAULT_TIMEOUT_S, tune_allocator: bool = True,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S) -> None:
     """Runs ``fn(ctx, *args)`` on one spawned process per device and waits for all of them.
 
     Tensors in ``args`` that live in shared memory are mapped, not copied, by every rank.
-    If any rank fails, the others are terminated and :class:`RankFailed` names it.
+    If any rank fails, the others are killed and :class:`RankFailed` names it. A stop signal
+    (SIGTERM, SIGINT, SIGHUP) to this process is forwarded to the ranks, which get ``grace_s``
+    seconds to end (see :mod:`pyg_mgpu.distributed.stop`); then :class:`JobStopped` names it.
     ``tune_allocator=False`` leaves the ranks' memory allocator as a plain script has it (for
     baselines: see :func:`tune_cpu_allocator`). ``backend``: see :data:`BACKENDS`.
     """
@@ -288,25 +428,53 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     thp_before = os.environ.get("THP_MEM_ALLOC_ENABLE")
     os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
-        mp.start_processes(_rank_entry, args=(fn, list(devices), init_method, timeout_s,
-                                              report_dir, tune_allocator, args, backend),
-                           nprocs=len(devices), join=True, start_method="spawn")
-    except mp.ProcessExitedException as e:
-        reports = _failure_reports(report_dir)
-        if e.error_index in reports:  # it raised: name the earliest of the ranks that did
-            rank = min(reports, key=lambda r: reports[r][0])
-            raise RankFailed(f"rank {rank} failed:\n{reports[rank][1]}") from None
-        how = (f"was killed by signal {e.signal_name}" if e.signal_name
-               else f"exited with code {e.exit_code}")
-        hint = (" (out of memory is a common cause of SIGKILL)" if e.signal_name == "SIGKILL"
-                else "")
-        raise RankFailed(f"rank {e.error_index} {how}{hint}") from None
+        with _LauncherSignals(grace_s) as signals:
+            context = mp.start_processes(
+                _rank_entry, args=(fn, list(devices), init_method, timeout_s, report_dir,
+                                   tune_allocator, args, backend, grace_s),
+                nprocs=len(devices), join=False, start_method="spawn")
+            signals.processes = context.processes
+            if signals.signum:  # it came while the ranks were starting
+                signals.forward()
+            outcome = _watch_ranks(context.processes, signals)
+        _raise_for(outcome, signals.signum, report_dir, grace_s)
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
         if thp_before is None:
             os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
         else:
             os.environ["THP_MEM_ALLOC_ENABLE"] = thp_before
+
+
+def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
+               grace_s: float) -> None:
+    """Turns how the ranks ended into JobStopped, RankFailed, or nothing (all finished)."""
+    stopped = _stop_reports(report_dir)
+    # Ranks whose own watchdog ended them after the grace period (exit code 128 + signal).
+    overdue = {i: code - 128 for i, code in enumerate(outcome.exit_codes)
+               if code is not None and code - 128 in stop.STOP_SIGNALS}
+    signum = (launcher_signal or next(iter(stopped.values()), 0)
+              or next(iter(overdue.values()), 0))
+    if signum:
+        if not (stopped or outcome.first_failed or outcome.killed_after_grace):
+            # The signal came as the ranks finished: the job did all its work.
+            print(f"pyg_mgpu: {stop.signal_name(signum)} arrived as the ranks finished; the "
+                  "job completed", file=sys.stderr, flush=True)
+            return
+        raise JobStopped(signum, sorted(set(outcome.killed_after_grace) | set(overdue)),
+                         grace_s)
+    if outcome.first_failed is None:
+        return
+    index, code = outcome.first_failed
+    reports = _failure_reports(report_dir)
+    if index in reports:  # it raised: name the earliest of the ranks that did
+        rank = min(reports, key=lambda r: reports[r][0])
+        raise RankFailed(f"rank {rank} failed:\n{reports[rank][1]}")
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (out of memory is a common cause of SIGKILL)" if name == "SIGKILL" else ""
+        raise RankFailed(f"rank {index} was killed by signal {name}{hint}")
+    raise RankFailed(f"rank {index} exited with code {code}")
 
 
 def share_args(args: Sequence) -> None:
@@ -325,7 +493,7 @@ def share_args(args: Sequence) -> None:
 
 def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
           nprocs: int | None = None, timeout_s: float | None = None,
-          backend: str = "auto") -> None:
+          backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S) -> None:
     """Runs ``fn(ctx, *args)`` on one rank per device, in a process group, and waits for them.
 
     ``ctx`` is a :class:`RankContext`: ``rank``, ``world_size``, ``device`` (already the
@@ -363,16 +531,25 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
             sharing GPU 0). ``ctx.backend`` tells ``fn`` which one runs; NCCL collectives
             take CUDA tensors, gloo's host tensors (``ctx.collective_device``).
 
+        grace_s: Seconds the ranks have to end after a stop signal (SIGTERM, SIGINT, SIGHUP)
+            before they are killed. In a rank, the signal raises
+            :class:`~pyg_mgpu.distributed.stop.StopSignal` (a ``BaseException``, like
+            ``KeyboardInterrupt``), or, inside ``with stop.graceful():``, is only recorded for
+            ``fn`` to poll (``stop.requested()``) and end cleanly.
+
     Raises:
-        RankFailed: when a rank raises or dies; the other ranks are terminated at once and
+        RankFailed: when a rank raises or dies; the other ranks are killed at once and
             the message names the failing rank with its traceback (or signal).
+        JobStopped: when a stop signal ended the job before ``fn`` returned on every rank.
         ValueError: when ``devices`` or ``nprocs`` cannot be satisfied (the message says why).
     """
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     if launched_by_torchrun():
-        with torchrun_process_group(devices, timeout_s=timeout_s, backend=backend) as ctx:
+        with torchrun_process_group(devices, timeout_s=timeout_s, backend=backend,
+                                    grace_s=grace_s) as ctx:
             fn(ctx, *args)
         return
     rank_devices = resolve_devices(devices, nprocs, backend)
     share_args(args)
-    launch_local(fn, rank_devices, args=tuple(args), timeout_s=timeout_s, backend=backend)
+    launch_local(fn, rank_devices, args=tuple(args), timeout_s=timeout_s, backend=backend,
+                 grace_s=grace_s)

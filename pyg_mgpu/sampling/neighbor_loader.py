@@ -39,18 +39,28 @@ class EpochBatchSampler:
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.batch_size, self.shuffle = batch_size, shuffle
         self.epoch = 0
+        self.start_step = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        if not 0 <= start_step <= self.steps_per_epoch:
+            raise ValueError(f"start_step={start_step} must lie in [0, {self.steps_per_epoch}], "
+                             "the batches of one epoch on this rank.")
+        self.epoch, self.start_step = epoch, start_step
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches in a whole epoch (``len`` counts those left from ``start_step``)."""
+        return steps_per_epoch(self.num_items, self.world_size, self.batch_size)
 
     def __len__(self) -> int:
-        return steps_per_epoch(self.num_items, self.world_size, self.batch_size)
+        return self.steps_per_epoch - self.start_step
 
     def __iter__(self) -> Iterator[list[int]]:
         positions = torch.arange(self.num_items)
-        for batch in epoch_batches(positions, seed=self.seed, epoch=self.epoch, rank=self.rank,
-                                   world_size=self.world_size, batch_size=self.batch_size,
-                                   shuffle=self.shuffle):
+        batches = epoch_batches(positions, seed=self.seed, epoch=self.epoch, rank=self.rank,
+                                world_size=self.world_size, batch_size=self.batch_size,
+                                shuffle=self.shuffle)
+        for batch in batches[self.start_step:]:
             yield batch.tolist()
 
 
@@ -118,10 +128,19 @@ class NeighborLoader(PyGNeighborLoader):
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch's permutation (``distributed=True``; otherwise does nothing)."""
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Selects the epoch's permutation (``distributed=True``; otherwise does nothing).
+
+        ``start_step`` skips the epoch's first batches without sampling them, to continue an
+        epoch from a checkpoint; ``len(loader)`` then counts the batches left. To draw what the
+        uninterrupted epoch would have drawn, also restore the sampler's generator state as it
+        was before batch ``start_step`` (the trainer's checkpoints hold it).
+        """
         if self.epoch_sampler is not None:
-            self.epoch_sampler.set_epoch(epoch)
+            self.epoch_sampler.set_epoch(epoch, start_step)
+        elif start_step:
+            raise ValueError("start_step needs distributed=True (its epochs are what a "
+                             "checkpoint can name a position in).")
 
     def filter_fn(self, out):
         # A batch is a shallow copy of the graph; it must not carry the graph's CSC along

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -39,10 +39,15 @@ class Prefetcher:
     context manager or call :meth:`close`.
     """
 
-    def __init__(self, batches: Iterable, device: torch.device, depth: int = 1):
+    def __init__(self, batches: Iterable, device: torch.device, depth: int = 1,
+                 snapshot: Optional[Callable[[], Any]] = None):
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}.")
         self.device = device
+        # Called in the thread before each batch is drawn; the value that came with the batch
+        # the consumer took last is ``last_snapshot`` (a checkpoint's sampler state).
+        self._snapshot = snapshot
+        self.last_snapshot: Any = None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._stream = _side_stream(device) if device.type == "cuda" else None
@@ -61,11 +66,12 @@ class Prefetcher:
                 # context there (as DataLoader's pin-memory thread also does).
                 torch.cuda.set_device(self.device)
             while True:
+                snapshot = self._snapshot() if self._snapshot is not None else None
                 item = self._next_on_device(batches)
                 if item is None:
-                    self._put(_DONE)
+                    self._put((_DONE, snapshot))
                     return
-                if not self._put(item):
+                if not self._put((item, snapshot)):
                     return
         except BaseException as error:  # handed to the consumer, which re-raises it
             self._put(_Failure(error))
@@ -98,10 +104,11 @@ class Prefetcher:
     def __iter__(self) -> Iterator:
         while True:
             item = self._queue.get()
-            if item is _DONE:
-                return
             if isinstance(item, _Failure):
                 raise item.error
+            item, self.last_snapshot = item
+            if item is _DONE:
+                return
             batch, ready = item
             if ready is not None:
                 stream = torch.cuda.current_stream(self.device)

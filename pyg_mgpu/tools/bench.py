@@ -9,6 +9,9 @@ Systems:
 - ``pyg_mgpu``: this project (native sampler, trimmed layers, embedding-bag mean aggregation,
   byte dropout).
 - ``pyg_mgpu_bf16``: the same with ``--amp bf16``.
+- ``pyg_mgpu_ckpt_every_step``, ``pyg_mgpu_ckpt_every_10_steps``: the same, also writing a step
+  checkpoint every step or every 10 steps (``--checkpoint-every-steps``): their cost. Every run
+  also reports its ``checkpoint`` stage, the ranks' per-step agreement on stopping included.
 - ``pyg_model_native_sampler``: PyG's multi-GPU example model as written (every layer on every
   sampled node) fed by our sampler, run like the recipe (glibc's default allocator): the
   recipe's cost without PyG's sampler. Always available.
@@ -34,10 +37,15 @@ from typing import Optional, Sequence
 from pyg_mgpu.distributed.launch import resolve_devices
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 
-SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_model_native_sampler", "pyg_recipe", "dgl")
+SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_ckpt_every_step",
+           "pyg_mgpu_ckpt_every_10_steps", "pyg_model_native_sampler", "pyg_recipe", "dgl")
 SYSTEM_FLAGS = {
     "pyg_mgpu": ["--recipe", "pyg_mgpu", "--sampler", "native"],
     "pyg_mgpu_bf16": ["--recipe", "pyg_mgpu", "--sampler", "native", "--amp", "bf16"],
+    "pyg_mgpu_ckpt_every_step": ["--recipe", "pyg_mgpu", "--sampler", "native",
+                                 "--checkpoint-every-steps", "1"],
+    "pyg_mgpu_ckpt_every_10_steps": ["--recipe", "pyg_mgpu", "--sampler", "native",
+                                     "--checkpoint-every-steps", "10"],
     "pyg_model_native_sampler": ["--recipe", "pyg", "--sampler", "native"],
     "pyg_recipe": ["--recipe", "pyg", "--sampler", "pyg"],
 }

@@ -2,7 +2,8 @@
 file where a good one was.
 
 A checkpoint holds everything an exact continuation needs: weights, optimizer state, history,
-the best model so far, and every rank's random state (its dropout masks and samples).
+the best model so far, every rank's random state (its dropout masks and samples) and, for one
+taken inside an epoch, where in the epoch it was and each rank's partial loss and accuracy sums.
 """
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import contextlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -81,12 +83,16 @@ def check_resumable(cfg, world_size: int) -> dict:
     return ckpt
 
 
-def rng_state(sampler, device: torch.device) -> dict:
-    """This rank's random state: torch's (dropout), the sampler's, and its GPU's."""
+def rng_state(sampler, device: torch.device, sampler_state=None) -> dict:
+    """This rank's random state: torch's (dropout), the sampler's, and its GPU's.
+
+    ``sampler_state``: the sampler generator's state to record instead of its current one (in
+    mid-epoch, the state before the batches already drawn ahead of training).
+    """
     state = {"torch": torch.get_rng_state()}
     generator = getattr(sampler, "generator", None)
     if generator is not None:  # our sampler (in this process; exact with 0 workers)
-        state["sampler"] = generator.get_state()
+        state["sampler"] = generator.get_state() if sampler_state is None else sampler_state
     if device.type == "cuda":  # this rank's GPU only: the _all variants open every GPU
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -100,27 +106,59 @@ def set_rng_state(state: dict, sampler, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+@dataclass
+class StepPosition:
+    """Where in an epoch a step checkpoint was taken, and what the epoch had summed so far.
+
+    ``done``: the epoch's steps finished; ``totals``: this rank's loss sum, correct predictions
+    and seeds (:class:`~pyg_mgpu.train.loop.EpochTotals`); ``sampler_state``: the sampler's
+    generator as it was before batch ``done`` was drawn; ``elapsed_s``: the epoch's training
+    seconds so far.
+    """
+
+    epoch: int
+    done: int
+    totals: tuple
+    sampler_state: object = None
+    elapsed_s: float = 0.0
+
+
 def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, history: list, best: dict,
-                    best_state: dict, sampler) -> None:
+                    best_state: dict, sampler, step: Optional[StepPosition] = None) -> None:
     """Everything ``--resume`` needs to continue exactly, written atomically by rank 0.
 
-    A collective: every rank's RNG state is gathered (each draws its own dropout masks and
-    samples).
+    ``epoch``: the epochs finished; ``step``: set for a checkpoint taken inside the next epoch.
+    A collective: every rank's RNG state (each draws its own dropout masks and samples) and,
+    in mid-epoch, its partial sums are gathered.
     """
-    states: list = [None] * ctx.world_size
-    dist.all_gather_object(states, rng_state(sampler, ctx.device))
+    mine = {"rng": rng_state(sampler, ctx.device, step and step.sampler_state),
+            "totals": step and step.totals}
+    ranks: list = [None] * ctx.world_size
+    dist.all_gather_object(ranks, mine)
     if ctx.is_main:
-        save_torch({"epoch": epoch, "world_size": ctx.world_size, "config": cfg.to_dict(),
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "history": history, "best": best, "best_state": best_state,
-                    "rng": states}, out / CHECKPOINT)
+        position = None if step is None else {
+            "epoch": step.epoch, "done": step.done, "elapsed_s": step.elapsed_s,
+            "totals": [r["totals"] for r in ranks]}
+        save_torch({"epoch": epoch, "step": position, "world_size": ctx.world_size,
+                    "config": cfg.to_dict(), "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "history": history, "best": best,
+                    "best_state": best_state, "rng": [r["rng"] for r in ranks]},
+                   out / CHECKPOINT)
+
+
+def describe(ckpt: dict) -> str:
+    """Where a checkpoint stands, in words: "after epoch 3" or "epoch 4, 17 steps in"."""
+    step = ckpt.get("step")
+    if step is None:
+        return f"after epoch {ckpt['epoch']}"
+    return f"epoch {step['epoch']}, {step['done']} steps in"
 
 
 def restore_checkpoint(run_dir: str, ctx, model: torch.nn.Module,
                        optimizer: torch.optim.Optimizer, sampler) -> dict:
     """Loads ``run_dir``'s checkpoint into the model, optimizer and this rank's random state;
-    returns it (epoch, history, best, best_state)."""
+    returns it (epoch, step, history, best, best_state)."""
     # To host memory whatever device saved it: RNG states must be CPU tensors, and
     # load_state_dict copies weights and optimizer state to the parameters' device.
     ckpt = torch.load(Path(run_dir) / CHECKPOINT, weights_only=False, map_location="cpu")

@@ -59,7 +59,10 @@ class TrainConfig:
     graph_on: str = "auto"
     feature_cache_gb: Optional[float] = None  # None: up to a quarter of free GPU memory
     inference: str = "sampled"
-    resume: Optional[str] = None
+    resume: Optional[str] = None  # a run folder, or "auto": --out's checkpoint if it has one
+    grace_s: float = 30.0  # seconds the ranks have to end after a stop signal
+    checkpoint_every_steps: Optional[int] = None  # also checkpoint inside epochs, every N steps
+    checkpoint_every_s: Optional[float] = None  # ... or every S seconds
     recipe: str = "pyg_mgpu"
     profile: bool = False
     debug: bool = False
@@ -132,6 +135,17 @@ class TrainConfig:
             raise ConfigError(f"--prefetch must be >= 0 (0 turns it off), got {self.prefetch}.")
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
+        if not self.grace_s > 0:
+            raise ConfigError(f"--grace-s must be positive seconds, got {self.grace_s}.")
+        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
+            raise ConfigError("--checkpoint-every-steps must be a positive number of steps, "
+                              f"got {self.checkpoint_every_steps}.")
+        if self.checkpoint_every_s is not None and not self.checkpoint_every_s > 0:
+            raise ConfigError("--checkpoint-every-s must be positive seconds, got "
+                              f"{self.checkpoint_every_s}.")
+        if self.resume == "auto" and not self.out:
+            raise ConfigError("--resume auto continues from --out's checkpoint when there is "
+                              "one; give --out (the folder every restart of the job shares).")
 
     def _check_model(self) -> None:
         """The options that work with one model only."""

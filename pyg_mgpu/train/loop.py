@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,7 +34,8 @@ class StageTimer:
     sampler do the sampling, and only the wait for the batch is seen here), ``forward``,
     ``backward`` (gradient computation), ``allreduce`` (CPU ranks: the wait for the gradient
     all-reduce that is left after the next batch has loaded, the wait for the slowest rank
-    included; on GPUs it stays inside ``backward``) and ``optimizer``.
+    included; on GPUs it stays inside ``backward``), ``optimizer`` and ``checkpoint`` (the
+    ranks' agreement on stopping, and step checkpoints when they are written).
     """
 
     device: torch.device
@@ -93,6 +94,18 @@ class EpochTotals:
         self.correct = torch.zeros((), dtype=torch.long, device=device)
         self.seen = 0
 
+    def state(self) -> tuple[float, int, int]:
+        """(loss sum, correct, seen) as exact host numbers, for a mid-epoch checkpoint."""
+        return float(self.loss_sum), int(self.correct), self.seen
+
+    @classmethod
+    def from_state(cls, state: tuple, device: torch.device) -> "EpochTotals":
+        totals = cls(device)
+        totals.loss_sum.fill_(state[0])
+        totals.correct.fill_(state[1])
+        totals.seen = state[2]
+        return totals
+
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
         """One batch: its seed logits, their labels and its mean loss."""
         self.loss_sum += loss.detach().double() * y.numel()
@@ -121,17 +134,25 @@ def check_equal_steps(steps: int, ctx: RankContext) -> None:
                            f"epoch (this rank: {steps}); every rank must run the same number.")
 
 
+StepHook = Callable[[int, "EpochTotals", Any], None]
+"""Called after each step with the epoch's steps done, the running totals and the sampler's
+state before the next batch was drawn (for a checkpoint); it may raise to end the epoch."""
+
+
 def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
                 ctx: RankContext, timer: StageTimer, epoch: int,
-                cfg: TrainConfig, grad_sync: Optional[DeferredAllReduce] = None
-                ) -> tuple[float, float]:
+                cfg: TrainConfig, grad_sync: Optional[DeferredAllReduce] = None,
+                totals: Optional[EpochTotals] = None, done: int = 0,
+                after_step: Optional[StepHook] = None) -> tuple[float, float]:
     """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks.
 
     Each step loads the next batch after ``backward()``: with ``grad_sync`` (CPU ranks) the
     gradient all-reduce is still running then, and the optimizer step waits for it after.
+    ``totals`` and ``done`` continue an epoch from a checkpoint (the loader then starts at
+    batch ``done``: ``set_epoch(epoch, start_step=done)``).
     """
     ddp.train()
-    totals = EpochTotals(ctx.device)
+    totals = totals or EpochTotals(ctx.device)
     check_equal_steps(len(loader), ctx)
     depth = cfg.prefetch
     if depth is None:
@@ -139,18 +160,27 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
         # interleave with dropout's from process-wide random state, differently every run.
         depth = int(ctx.device.type == "cuda" and isinstance(loader.node_sampler,
                                                              NeighborSampler))
-    prefetcher = Prefetcher(loader, ctx.device, depth) if depth else None
+    # The sampler's state before each batch is drawn: a checkpoint after a step records the one
+    # before the batch already drawn ahead of it, which the resumed run draws again.
+    generator = getattr(loader.node_sampler, "generator", None)
+    snapshot = generator.get_state if generator is not None and loader.num_workers == 0 else None
+    prefetcher = Prefetcher(loader, ctx.device, depth, snapshot=snapshot) if depth else None
     batches = iter(tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
                         disable=not ctx.is_main, leave=False, dynamic_ncols=True))
     # The sampler's own clock splits loading into sampling and gathering when it runs in this
     # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
     sampler = loader.node_sampler if loader.num_workers == 0 and not prefetcher else None
     sampler_busy = getattr(sampler, "busy_s", None)
+    state_before_next = None
 
     def load_next():
-        nonlocal sampler_busy
+        nonlocal sampler_busy, state_before_next
+        if prefetcher is None and snapshot is not None:
+            state_before_next = snapshot()
         batch = next(batches, None)
-        if batch is not None and prefetcher is None:  # the prefetcher moved it already
+        if prefetcher is not None:
+            state_before_next = prefetcher.last_snapshot
+        elif batch is not None:  # the prefetcher moved it already
             batch = batch.to(ctx.device, non_blocking=True)
         if sampler_busy is not None:
             timer.add("sample", sampler.busy_s - sampler_busy)
@@ -176,6 +206,10 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
             optimizer.step()
             totals.update(out, y, loss)
             timer.lap("optimizer")
+            done += 1
+            if after_step is not None:
+                after_step(done, totals, state_before_next)
+                timer.lap("checkpoint")
             batch = next_batch
     finally:
         if prefetcher is not None:

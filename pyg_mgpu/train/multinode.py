@@ -64,7 +64,7 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     # The pyg recipe is a baseline: its allocator is left as PyG's example runs it.
     with torchrun_process_group(cfg.devices, timeout_s=cfg.timeout_s,
                                 tune_allocator=cfg.recipe == "pyg_mgpu",
-                                backend=cfg.backend) as ctx:
+                                backend=cfg.backend, grace_s=cfg.grace_s) as ctx:
         start = time.perf_counter()
         graph = load_graph_once_per_node(cfg, ctx)
         check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.batch_size)

@@ -2,8 +2,9 @@
 
 :func:`run_training` reads top to bottom as the recipe: a DDP model (:func:`build_ddp`), this
 rank's loaders over the shared graph (:func:`build_loaders`), an optional resume, the epochs
-(:func:`fit`: :func:`~pyg_mgpu.train.loop.train_epoch`, validation, checkpoint), then the test
-accuracy of the best model and the run's outputs (:func:`report`). Validation runs on rank 0
+(:func:`fit`: :func:`~pyg_mgpu.train.loop.train_epoch`, validation, checkpoint; a stop signal
+ends them at the next step, with a checkpoint of it), then the test accuracy of the best model
+and the run's outputs (:func:`report`). Validation runs on rank 0
 between barriers (``--eval-on rank0``, the recipe's shape) or sharded over all ranks
 (``--eval-on all``); either way accuracies are sums and counts divided once.
 """
@@ -24,16 +25,18 @@ from tqdm import tqdm
 from pyg_mgpu.data.graph import GraphStore
 from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
 from pyg_mgpu.distributed.launch import RankContext
+from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
 from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.sampling.loader import make_feature_cache, make_loader, place_graph, resolve_sampler
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
-from pyg_mgpu.train.checkpoint import restore_checkpoint, save_checkpoint, save_torch
+from pyg_mgpu.train.checkpoint import (CHECKPOINT, StepPosition, describe, restore_checkpoint,
+                                       save_checkpoint, save_torch)
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.evaluation import accuracy, layerwise_inference
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
-from pyg_mgpu.train.loop import StageTimer, seed_logits, train_epoch
+from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
 
 
@@ -154,44 +157,117 @@ class Progress:
     best: dict
     best_state: dict
     next_epoch: int = 1
+    resume_step: Optional[StepPosition] = None  # a checkpoint taken inside next_epoch
+
+
+class StepCheckpoints:
+    """What happens between steps and between epochs: the ranks' agreement on stopping, and the
+    checkpoints it, ``--checkpoint-every-steps`` or ``--checkpoint-every-s`` call for.
+
+    :meth:`after_step` is :func:`~pyg_mgpu.train.loop.train_epoch`'s hook; a stop writes a
+    checkpoint of that step and raises :class:`~pyg_mgpu.distributed.stop.StopSignal`, on every
+    rank at the same step.
+    """
+
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, trainee: Trainee,
+                 progress: Progress, out: Path, sampler):
+        self.cfg, self.ctx, self.trainee = cfg, ctx, trainee
+        self.progress, self.out, self.sampler = progress, out, sampler
+        self.agreement = StopAgreement(cfg.checkpoint_every_s)
+        self.epoch, self.steps, self.start = 0, 0, 0.0
+
+    def begin_epoch(self, epoch: int, steps: int, start: float) -> None:
+        """``steps``: the epoch's batches; ``start``: its clock's start (perf_counter)."""
+        self.epoch, self.steps, self.start = epoch, steps, start
+
+    def after_step(self, done: int, totals: EpochTotals, sampler_state) -> None:
+        decision = self.agreement.after_step()
+        every = self.cfg.checkpoint_every_steps
+        inside = done < self.steps  # at the epoch's end the epoch checkpoint follows
+        periodic = every is not None and ((self.epoch - 1) * self.steps + done) % every == 0
+        if decision.stop or (inside and (periodic or decision.checkpoint)):
+            self._save(StepPosition(self.epoch, done, totals.state(), sampler_state,
+                                    time.perf_counter() - self.start))
+        if decision.stop:
+            self._stop(decision.stop, f"epoch {self.epoch}, {done} steps in")
+
+    def after_epoch(self) -> None:
+        """The epoch checkpoint; then a stop requested during validation ends the run here."""
+        self._save(None)
+        decision = self.agreement.now()
+        if decision.stop:
+            self._stop(decision.stop, f"after epoch {self.epoch}")
+
+    def close(self) -> None:
+        self.agreement.close()
+
+    def _save(self, step: Optional[StepPosition]) -> None:
+        progress, trainee = self.progress, self.trainee
+        save_checkpoint(self.out, self.ctx, self.cfg, progress.next_epoch - 1, trainee.model,
+                        trainee.optimizer, progress.history, progress.best,
+                        progress.best_state, self.sampler, step=step)
+        self.agreement.checkpoint_written()
+
+    def _stop(self, signum: int, where: str) -> None:
+        if self.ctx.is_main:
+            tqdm.write(f"{signal_name(signum)}: stopped {where}; checkpoint in "
+                       f"{self.out / CHECKPOINT}")
+        raise StopSignal(signum)
 
 
 def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
         progress: Progress, out: Path) -> Progress:
-    """Trains the remaining epochs: one epoch, validation, checkpoint, log line each."""
+    """Trains the remaining epochs: one epoch, validation, checkpoint, log line each.
+
+    Between steps the ranks agree whether to stop (a stop signal reached any of them) or to
+    write a step checkpoint (:class:`StepCheckpoints`).
+    """
     timer = StageTimer(ctx.device, sync=cfg.profile)
-    sampler = data.train_loader.node_sampler
-    for epoch in range(progress.next_epoch, cfg.epochs + 1):
-        data.train_loader.set_epoch(epoch)
-        timer.seconds.clear()
-        start = time.perf_counter()
-        train_loss, train_acc = train_epoch(trainee.ddp, trainee.optimizer, data.train_loader,
-                                            ctx, timer, epoch, cfg, trainee.grad_sync)
-        epoch_time = time.perf_counter() - start
-        val_acc, eval_time = None, 0.0
-        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-            start = time.perf_counter()
-            val_acc = data.evaluator.accuracy(trainee.model, data.graph.val_idx)
-            eval_time = time.perf_counter() - start
-            if val_acc > progress.best["val_acc"]:
-                progress.best = {"val_acc": val_acc, "epoch": epoch}
-                progress.best_state = copy.deepcopy(trainee.model.state_dict())
-                if ctx.is_main:
-                    save_torch(progress.best_state, out / "best.pt")
-        progress.history.append({"epoch": epoch, "train_loss": train_loss,
-                                 "train_acc": train_acc, "val_acc": val_acc,
-                                 "epoch_time_s": epoch_time, "eval_time_s": eval_time,
-                                 "stage_times_s": dict(timer.seconds)})
-        progress.next_epoch = epoch + 1
-        save_checkpoint(out, ctx, cfg, epoch, trainee.model, trainee.optimizer,
-                        progress.history, progress.best, progress.best_state, sampler)
-        if ctx.is_main:
-            val = "-" if val_acc is None else f"{val_acc:.4f}"
-            tqdm.write(f"epoch {epoch:3d} | loss {train_loss:.4f} | train acc {train_acc:.4f} | "
-                       f"val acc {val} | {epoch_time:.2f}s train, {eval_time:.2f}s eval")
-            if cfg.profile:
-                stages = ", ".join(f"{k} {v:.2f}s" for k, v in timer.seconds.items())
-                tqdm.write(f"          stages (rank 0): {stages}")
+    between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler)
+    try:
+        for epoch in range(progress.next_epoch, cfg.epochs + 1):
+            # A checkpoint taken inside this epoch: its steps done, sums and seconds so far.
+            resumed, progress.resume_step = progress.resume_step, None
+            done = resumed.done if resumed else 0
+            data.train_loader.set_epoch(epoch, start_step=done)
+            timer.seconds.clear()
+            start = time.perf_counter() - (resumed.elapsed_s if resumed else 0.0)
+            between.begin_epoch(epoch, done + len(data.train_loader), start)
+            totals = EpochTotals.from_state(resumed.totals, ctx.device) if resumed else None
+            train_loss, train_acc = train_epoch(trainee.ddp, trainee.optimizer,
+                                                data.train_loader, ctx, timer, epoch, cfg,
+                                                trainee.grad_sync, totals=totals, done=done,
+                                                after_step=between.after_step)
+            epoch_time = time.perf_counter() - start
+            val_acc, eval_time = None, 0.0
+            if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+                start = time.perf_counter()
+                val_acc = data.evaluator.accuracy(trainee.model, data.graph.val_idx)
+                eval_time = time.perf_counter() - start
+                if val_acc > progress.best["val_acc"]:
+                    progress.best = {"val_acc": val_acc, "epoch": epoch}
+                    progress.best_state = copy.deepcopy(trainee.model.state_dict())
+                    if ctx.is_main:
+                        save_torch(progress.best_state, out / "best.pt")
+            progress.history.append({"epoch": epoch, "train_loss": train_loss,
+                                     "train_acc": train_acc, "val_acc": val_acc,
+                                     "epoch_time_s": epoch_time, "eval_time_s": eval_time,
+                                     "stage_times_s": dict(timer.seconds)})
+            progress.next_epoch = epoch + 1
+            if ctx.is_main:
+                val = "-" if val_acc is None else f"{val_acc:.4f}"
+                tqdm.write(f"epoch {epoch:3d} | loss {train_loss:.4f} | train acc "
+                           f"{train_acc:.4f} | val acc {val} | {epoch_time:.2f}s train, "
+                           f"{eval_time:.2f}s eval")
+                if cfg.profile:
+                    stages = ", ".join(f"{k} {v:.2f}s" for k, v in timer.seconds.items())
+                    tqdm.write(f"          stages (rank 0): {stages}")
+            between.after_epoch()
+    except StopSignal:
+        between.close()  # every rank stopped at the same step: the last exchange completes
+        raise
+    # (After any other error a peer may be gone, and waiting for the exchange could hang.)
+    between.close()
     return progress
 
 
@@ -264,7 +340,16 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
 
 def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir: str,
                  run_info: Optional[dict] = None) -> None:
-    """The rank function: trains, evaluates and (rank 0) writes the run's outputs."""
+    """The rank function: trains, evaluates and (rank 0) writes the run's outputs.
+
+    A stop signal ends it at the next step, with a checkpoint (:func:`fit`).
+    """
+    with graceful():
+        _run_training(ctx, graph, cfg, out_dir, run_info)
+
+
+def _run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir: str,
+                  run_info: Optional[dict]) -> None:
     wall_start = time.perf_counter()
     out = Path(out_dir)
     trainee = build_ddp(cfg, graph, ctx)
@@ -276,8 +361,13 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
                                   data.train_loader.node_sampler)
         progress = Progress(ckpt["history"], ckpt["best"], ckpt["best_state"],
                             next_epoch=ckpt["epoch"] + 1)
+        step = ckpt.get("step")
+        if step is not None:  # the generator state was restored with the others
+            progress.resume_step = StepPosition(step["epoch"], step["done"],
+                                                step["totals"][ctx.rank],
+                                                elapsed_s=step["elapsed_s"])
         if ctx.is_main:
-            tqdm.write(f"resumed from {cfg.resume} after epoch {ckpt['epoch']}")
+            tqdm.write(f"resumed from {cfg.resume}, {describe(ckpt)}")
     progress = fit(cfg, ctx, trainee, data, progress, out)
     results = evaluate_best(cfg, ctx, trainee.model, data, progress)
     report(cfg, ctx, data, progress, results, out, run_info or {},

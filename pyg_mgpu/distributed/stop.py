@@ -1,0 +1,213 @@
+"""Stop signals: SIGTERM, SIGINT or SIGHUP end a job cleanly, however it was started.
+
+Where a signal lands, and what follows:
+
+- **The launcher** (:func:`~pyg_mgpu.distributed.launch.launch_local`) forwards it to every rank,
+  gives them ``grace_s`` seconds to end, then kills those still running; a second signal kills
+  them at once.
+- **A rank** records it. Code that opted in with :func:`graceful` (the trainer) finishes its
+  step, agrees with the other ranks to stop (:class:`StopAgreement`), writes a checkpoint and
+  raises :class:`StopSignal`. Other code gets :class:`StopSignal` at once, as it would get a
+  ``KeyboardInterrupt``.
+- **A rank's watchdog thread** sees the signal even while the main thread is blocked in C (a
+  collective, a long kernel), because the C-level handler writes it to a pipe: the rank ends
+  ``grace_s`` after the signal if it has not ended by then. The watchdog also treats the death
+  of the rank's launcher as a stop signal (SIGHUP), whatever became of the parent-death signal.
+
+The handlers are installed explicitly, so a SIGINT that the shell starting the job set to
+ignored (``&``, ``nohup``, many batch scripts) is handled like any other signal. Processes a
+rank forks (DataLoader workers) ignore stop signals: their rank ends them when it stops.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+DEFAULT_GRACE_S = 30.0
+"""Seconds a rank has to end after a stop signal (Kubernetes' and torchrun's default wait)."""
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def stopped_exit_code(signum: int) -> int:
+    """The shell's convention for a process ended by a signal: 128 + its number."""
+    return 128 + signum
+
+
+class StopSignal(BaseException):
+    """A stop signal ended this rank's work.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that ``except Exception`` in user code
+    does not swallow it.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal_name(signum)}")
+        self.signum = signum
+
+
+class _State:
+    signum = 0  # the first stop signal this process received, 0 if none
+    graceful = False
+    installed = False
+
+
+_state = _State()
+
+
+def requested() -> int:
+    """The stop signal this rank received (its number), or 0."""
+    return _state.signum
+
+
+def _record(signum: int) -> None:
+    if not _state.signum:
+        _state.signum = signum
+
+
+def _on_signal(signum: int, frame) -> None:
+    _record(signum)
+    if not _state.graceful:
+        raise StopSignal(signum)
+
+
+@contextlib.contextmanager
+def graceful() -> Iterator[None]:
+    """Within the body a stop signal is only recorded: the body polls :func:`requested` (or a
+    :class:`StopAgreement`) and stops where it can stop cleanly."""
+    before = _state.graceful
+    _state.graceful = True
+    try:
+        yield
+    finally:
+        _state.graceful = before
+
+
+def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S) -> None:
+    """Makes this process a rank that stops on SIGTERM, SIGINT and SIGHUP (main thread only).
+
+    Idempotent. The handlers replace whatever the process inherited, SIG_IGN included.
+    """
+    if _state.installed:
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    for fd in (read_fd, write_fd):
+        os.set_inheritable(fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_signal)
+    threading.Thread(target=_watchdog, args=(read_fd, os.getppid(), grace_s),
+                     name="pyg_mgpu-stop-watchdog", daemon=True).start()
+    os.register_at_fork(after_in_child=_forked_child)
+    _state.installed = True
+
+
+def _watchdog(read_fd: int, parent_pid: int, grace_s: float) -> None:
+    """Ends the rank ``grace_s`` after its first stop signal; turns the launcher's death into
+    SIGHUP."""
+    deadline: Optional[float] = None
+    while True:
+        wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+        ready, _, _ = select.select([read_fd], [], [], wait)
+        if ready:  # the C handler wrote each caught signal's number as one byte
+            for signum in os.read(read_fd, 64):
+                if signum in STOP_SIGNALS:
+                    _record(signum)
+        if deadline is None and not _state.signum and os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGHUP)  # through the handler: the main thread sees it
+            continue
+        if deadline is None and _state.signum:
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"pyg_mgpu: process {os.getpid()} did not end within {grace_s:g}s of "
+                  f"{signal_name(_state.signum)} (--grace-s); ending it now", file=sys.stderr,
+                  flush=True)
+            os._exit(stopped_exit_code(_state.signum))
+
+
+def _forked_child() -> None:
+    """Forked helpers (DataLoader workers) leave stopping to their rank, which ends them."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing was inherited there
+        signal.set_wakeup_fd(-1)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+    _state.installed = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank agreed on at one step: stop (the signal's number, or 0) and whether a
+    timed checkpoint is due."""
+
+    stop: int = 0
+    checkpoint: bool = False
+
+
+class StopAgreement:
+    """Lets every rank stop, or checkpoint, at the same step.
+
+    Each step sends this rank's flags (its stop signal, a timed checkpoint due) in one small
+    asynchronous all-reduce on a gloo group of its own, and reads the result of the previous
+    step's: every rank reads the same result at the same step, so no rank leaves the others
+    waiting in a gradient all-reduce, and no step waits for the exchange (on a GPU rank it
+    never touches the device). A collective: every rank creates one, in the same order.
+    """
+
+    def __init__(self, checkpoint_every_s: Optional[float] = None):
+        self.group = dist.new_group(backend="gloo")
+        self.checkpoint_every_s = checkpoint_every_s
+        self._last_checkpoint = time.monotonic()
+        self._pending: Optional[tuple] = None
+
+    def _send(self) -> None:
+        due = (self.checkpoint_every_s is not None and
+               time.monotonic() - self._last_checkpoint >= self.checkpoint_every_s)
+        flags = torch.tensor([requested(), int(due)], dtype=torch.int64)
+        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self._pending = (work, flags)
+
+    def _collect(self) -> Decision:
+        if self._pending is None:
+            return Decision()
+        work, flags = self._pending
+        self._pending = None
+        work.wait()
+        decision = Decision(stop=int(flags[0]), checkpoint=bool(flags[1]))
+        if decision.checkpoint:  # every rank resets its clock at the same step
+            self.checkpoint_written()
+        return decision
+
+    def after_step(self) -> Decision:
+        """The previous step's agreement; sends this step's flags."""
+        decision = self._collect()
+        self._send()
+        return decision
+
+    def now(self) -> Decision:
+        """Agrees on the flags as they are now (blocking), e.g. between epochs."""
+        self._collect()  # flags are sticky: the fresh exchange says at least as much
+        self._send()
+        return self._collect()
+
+    def checkpoint_written(self) -> None:
+        self._last_checkpoint = time.monotonic()
+
+    def close(self) -> None:
+        """Waits for the exchange in flight, so none is left when the group goes."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None

@@ -1,0 +1,47 @@
+"""Rank functions for the stop-signal tests (module level, so spawned ranks import them)."""
+import os
+import signal
+import sys
+import time
+
+from pyg_mgpu.distributed import stop
+
+
+def agree_on_a_stop(ctx, signal_at_step, steps_out):
+    """Rank 1 gets SIGTERM during step ``signal_at_step``; both ranks record the step at which
+    the agreement told them to stop."""
+    agreement = stop.StopAgreement()
+    with stop.graceful():
+        for step in range(1, 1000):
+            if ctx.rank == 1 and step == signal_at_step:
+                os.kill(os.getpid(), signal.SIGTERM)
+            if agreement.after_step().stop:
+                steps_out[ctx.rank] = step
+                break
+    agreement.close()
+
+
+def sleep_until_stopped(ctx):
+    """A user's rank function that never polls: the signal interrupts it."""
+    print(f"rank {ctx.rank} ready", flush=True)
+    while True:
+        time.sleep(0.05)
+
+
+def ignore_the_stop(ctx):
+    """Opts into graceful stops, then never looks: the grace period must end it."""
+    with stop.graceful():
+        print(f"rank {ctx.rank} ready", flush=True)
+        while True:
+            time.sleep(0.05)
+
+
+if __name__ == "__main__":  # the launcher as a user's script runs it
+    from pyg_mgpu.distributed.launch import JobStopped, spawn
+
+    target = {"sleep": sleep_until_stopped, "ignore": ignore_the_stop}[sys.argv[1]]
+    try:
+        spawn(target, devices="cpu", nprocs=2, grace_s=float(sys.argv[2]))
+    except JobStopped as e:
+        print(f"JobStopped: {e}", flush=True)
+        sys.exit(stop.stopped_exit_code(e.signum))

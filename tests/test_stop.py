@@ -1,0 +1,222 @@
+"""Stop signals and restarts: a stopped job leaves a checkpoint and no process, and the run
+resumed from it (mid-epoch included) ends with the uninterrupted run's metrics.
+
+The CLI runs in its own session with SIGINT ignored, as ``cmd &``, ``nohup`` and many batch
+scripts start it; the signals land while epoch 2 trains.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from pyg_mgpu.distributed.launch import free_port, launch_local
+from pyg_mgpu.distributed_sampling import main
+from pyg_mgpu.train.checkpoint import CHECKPOINT
+
+import _stop_ranks
+from _processes import (group_members, ignore_sigint, kill_group, wait_for_exit,
+                        wait_for_output, wait_until_gone)
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+# 79 steps per epoch on each of 2 CPU ranks, a few seconds an epoch.
+ARGS = ["--devices", "cpu", "--nprocs", "2", "--num-nodes", "20000", "--num-edges", "200000",
+        "--batch-size", "64", "--hidden", "64", "--epochs", "3"]
+CLI = [sys.executable, "-m", "pyg_mgpu.distributed_sampling"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    assert main(ARGS + ["--out", str(out)]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def assert_same_run(run_dir: Path, reference: dict) -> None:
+    """The losses, accuracies and chosen model of an uninterrupted run, exactly."""
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    for key in ("train_loss", "train_acc", "val_acc"):
+        assert [e[key] for e in metrics["epochs"]] == [e[key] for e in reference["epochs"]], key
+    for key in ("best_val_acc", "best_epoch", "test_acc"):
+        assert metrics[key] == reference[key], key
+
+
+def start(cmd: list, log: Path) -> subprocess.Popen:
+    with log.open("w") as err:
+        return subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True, preexec_fn=ignore_sigint)
+
+
+def read_checkpoint(run_dir: Path):
+    """The checkpoint as it stands (None while there is none); atomic writes make any read
+    whole."""
+    try:
+        return torch.load(run_dir / CHECKPOINT, weights_only=False, map_location="cpu")
+    except FileNotFoundError:
+        return None
+
+
+def error_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text(errors="replace").splitlines()
+            if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("to", ["launcher", "process group"])
+def test_sigterm_stops_with_a_checkpoint_and_the_resumed_run_matches(tmp_path, uninterrupted,
+                                                                     to):
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    job = start(CLI + ARGS + ["--out", str(run)], log)
+    try:
+        wait_for_output(job, log, "epoch 2:", timeout_s=120)
+        members = group_members(job.pid)
+        if to == "launcher":
+            job.send_signal(signal.SIGTERM)  # kill PID, timeout, Kubernetes
+        else:
+            os.killpg(job.pid, signal.SIGTERM)  # Slurm, systemd, kill -- -PGID
+        code = wait_for_exit(job, "SIGTERM", timeout_s=60)
+        text = log.read_text(errors="replace")
+        assert code == 128 + signal.SIGTERM, text[-3000:]
+        assert wait_until_gone(members, timeout_s=10) == [], "processes outlived the stop"
+    finally:
+        kill_group(job.pid)
+        job.wait()
+    errors = error_lines(log)
+    assert len(errors) == 1 and "stopped by SIGTERM" in errors[0], text[-3000:]
+    assert f"checkpoint {run / CHECKPOINT}" in errors[0] and f"--resume {run}" in errors[0]
+    ckpt = read_checkpoint(run)
+    assert ckpt["epoch"] >= 1, "the stop came in epoch 2: epoch 1's checkpoint at least"
+    assert main(ARGS + ["--resume", str(run)]) == 0
+    assert_same_run(run, uninterrupted)
+
+
+def test_launcher_killed_its_ranks_stop_by_themselves(tmp_path):
+    # SIGKILL cannot be handled: the ranks see their parent die (parent-death signal, and their
+    # watchdog) and stop as on a signal, with a checkpoint, although SIGINT was ignored.
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    job = start(CLI + ARGS + ["--out", str(run), "--grace-s", "20"], log)
+    try:
+        wait_for_output(job, log, "epoch 2:", timeout_s=120)
+        ranks = [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+        assert wait_until_gone(ranks, timeout_s=15) == [], "ranks outlived their launcher"
+        assert group_members(job.pid) == []
+    finally:
+        kill_group(job.pid)
+    text = log.read_text(errors="replace")
+    assert "SIGHUP: stopped" in text or "SIGINT: stopped" in text, text[-3000:]
+    assert read_checkpoint(run)["epoch"] >= 1
+
+
+def test_step_checkpoint_after_a_crash_resumes_mid_epoch_exactly(tmp_path, uninterrupted):
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    job = start(CLI + ARGS + ["--out", str(run), "--checkpoint-every-steps", "5"], log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # a step checkpoint early in epoch 2, then the whole job dies at once
+            ckpt = read_checkpoint(run)
+            if ckpt and ckpt["step"] and ckpt["step"]["epoch"] == 2:
+                break
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        kill_group(job.pid)  # a crash or a reclaimed machine: no handler runs
+        job.wait()
+    finally:
+        kill_group(job.pid)
+    step = read_checkpoint(run)["step"]
+    assert step is not None and 0 < step["done"] < 79, "the last checkpoint is inside an epoch"
+    assert len(step["totals"]) == 2 and all(t[2] > 0 for t in step["totals"])
+    assert main(ARGS + ["--resume", str(run)]) == 0
+    assert_same_run(run, uninterrupted)
+
+
+def test_periodic_checkpoints_change_nothing(tmp_path, uninterrupted):
+    assert main(ARGS + ["--out", str(tmp_path), "--checkpoint-every-steps", "7",
+                        "--checkpoint-every-s", "0.2"]) == 0
+    assert_same_run(tmp_path, uninterrupted)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["best.pt", CHECKPOINT]
+
+
+def test_resume_auto_starts_fresh_then_continues(tmp_path, uninterrupted, capfd):
+    assert main(ARGS[:-1] + ["2", "--out", str(tmp_path), "--resume", "auto"]) == 0
+    assert "resumed from" not in capfd.readouterr().out  # nothing there yet: a fresh start
+    assert main(ARGS + ["--out", str(tmp_path), "--resume", "auto"]) == 0
+    assert f"resumed from {tmp_path}, after epoch 2" in capfd.readouterr().out
+    assert_same_run(tmp_path, uninterrupted)
+    assert main(ARGS + ["--out", str(tmp_path), "--resume", "auto", "--lr", "0.01"]) == 2
+    assert "lr=0.003" in capfd.readouterr().err
+
+
+def test_resume_auto_needs_out(capfd):
+    assert main(ARGS + ["--resume", "auto"]) == 2
+    assert "--resume auto" in capfd.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+def test_torchrun_restart_after_a_killed_worker_matches(tmp_path, uninterrupted):
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    cmd = ["torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--monitor-interval", "0.5", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "pyg_mgpu.distributed_sampling",
+           *ARGS[4:], "--devices", "cpu", "--out", str(run), "--resume", "auto",
+           "--checkpoint-every-steps", "10"]
+    job = start(cmd, log)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((ckpt := read_checkpoint(run)) and ckpt["step"] and
+                   ckpt["step"]["epoch"] == 2):
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        workers = psutil.Process(job.pid).children()
+        assert len(workers) == 2, workers
+        workers[-1].send_signal(signal.SIGKILL)
+        code = wait_for_exit(job, "the restart", timeout_s=180)
+        text = log.read_text(errors="replace")
+        assert code == 0, text[-4000:]
+        assert "resumed from" in text
+    finally:
+        kill_group(job.pid)
+        job.wait()
+    assert_same_run(run, uninterrupted)
+
+
+def test_ranks_agree_on_the_step_to_stop_at():
+    steps = torch.zeros(2, dtype=torch.long).share_memory_()
+    launch_local(_stop_ranks.agree_on_a_stop, [torch.device("cpu")] * 2, args=(3, steps))
+    # Signalled during step 3 on rank 1 alone; the agreement is read one step later.
+    assert steps.tolist() == [4, 4]
+
+
+@pytest.mark.parametrize("target,grace_s,message", [
+    ("sleep", 30, "stopped by SIGTERM"),
+    ("ignore", 2, "stopped by SIGTERM (rank"),  # ... had not ended within 2s and was killed
+])
+def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message):
+    log = tmp_path / "log.txt"
+    job = start([sys.executable, str(REPO / "tests" / "_stop_ranks.py"), target, str(grace_s)],
+                log)
+    try:
+        wait_for_output(job, log, "rank 0 ready", timeout_s=60)
+        wait_for_output(job, log, "rank 1 ready", timeout_s=60)
+        ranks = psutil.Process(job.pid).children()
+        started = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        code = wait_for_exit(job, "SIGTERM", timeout_s=grace_s + 20)
+        assert time.monotonic() - started < grace_s + 10
+        assert code == 128 + signal.SIGTERM, log.read_text()
+        assert f"JobStopped: {message}" in log.read_text()
+        if target == "ignore":
+            assert f"had not ended within {grace_s}s" in log.read_text()
+        assert wait_until_gone([p.pid for p in ranks], timeout_s=5) == []
+    finally:
+        kill_group(job.pid)
+        job.wait()
