@@ -79,7 +79,7 @@ def test_cli_parent_terminated_takes_its_ranks_along(tmp_path):
     with _training_cli_job(tmp_path) as (job, _):
         children = [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
         job.send_signal(signal.SIGTERM)
-        code = wait_for_exit(job, "SIGTERM")
+        code = wait_for_exit(job, "SIGTERM", timeout_s=60)  # the grace period is 30 s
         assert code == 128 + signal.SIGTERM
         assert wait_until_gone(children, timeout_s=15) == [], "ranks outlived their parent"
         assert group_members(job.pid) == [], "processes of the job outlived it"

@@ -65,6 +65,12 @@ def read_checkpoint(run_dir: Path):
         return None
 
 
+def assert_stopped_in_epoch_2(ckpt: dict) -> None:
+    """The checkpoint is the stop's: inside epoch 2, or after it (a stop during validation)."""
+    where = ckpt["step"]["epoch"] if ckpt["step"] else ckpt["epoch"]
+    assert where == 2, f"checkpoint at epoch {ckpt['epoch']}, step {ckpt['step']}"
+
+
 def error_lines(log: Path) -> list[str]:
     return [line for line in log.read_text(errors="replace").splitlines()
             if line.startswith("error:")]
@@ -92,8 +98,7 @@ def test_sigterm_stops_with_a_checkpoint_and_the_resumed_run_matches(tmp_path, u
     errors = error_lines(log)
     assert len(errors) == 1 and "stopped by SIGTERM" in errors[0], text[-3000:]
     assert f"checkpoint {run / CHECKPOINT}" in errors[0] and f"--resume {run}" in errors[0]
-    ckpt = read_checkpoint(run)
-    assert ckpt["epoch"] >= 1, "the stop came in epoch 2: epoch 1's checkpoint at least"
+    assert_stopped_in_epoch_2(read_checkpoint(run))
     assert main(ARGS + ["--resume", str(run)]) == 0
     assert_same_run(run, uninterrupted)
 
@@ -113,8 +118,43 @@ def test_launcher_killed_its_ranks_stop_by_themselves(tmp_path):
     finally:
         kill_group(job.pid)
     text = log.read_text(errors="replace")
-    assert "SIGHUP: stopped" in text or "SIGINT: stopped" in text, text[-3000:]
-    assert read_checkpoint(run)["epoch"] >= 1
+    assert "SIGINT: stopped" in text or "SIGTERM: stopped" in text, text[-3000:]
+    assert_stopped_in_epoch_2(read_checkpoint(run))
+
+
+def test_sigterm_to_the_group_with_loader_workers_still_checkpoints(tmp_path):
+    # The workers get the signal too; they leave stopping to their rank instead of dying.
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    job = start(CLI + ARGS + ["--out", str(run), "--num-workers", "2"], log)
+    try:
+        wait_for_output(job, log, "epoch 2:", timeout_s=120)
+        members = group_members(job.pid)
+        os.killpg(job.pid, signal.SIGTERM)
+        code = wait_for_exit(job, "SIGTERM", timeout_s=60)
+        assert code == 128 + signal.SIGTERM, log.read_text(errors="replace")[-3000:]
+        assert wait_until_gone(members, timeout_s=10) == [], "processes outlived the stop"
+    finally:
+        kill_group(job.pid)
+        job.wait()
+    assert_stopped_in_epoch_2(read_checkpoint(run))
+
+
+def test_nohup_keeps_the_job_through_a_hangup(tmp_path):
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    with log.open("w") as err:
+        job = subprocess.Popen(CLI + ARGS + ["--out", str(run)], stdout=err,
+                               stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                               preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN)
+                                                   for s in (signal.SIGINT, signal.SIGHUP)])
+    try:
+        wait_for_output(job, log, "epoch 2:", timeout_s=120)
+        os.killpg(job.pid, signal.SIGHUP)  # the terminal closed
+        wait_for_output(job, log, "epoch 3:", timeout_s=60)  # trains on
+        job.send_signal(signal.SIGTERM)
+        assert wait_for_exit(job, "SIGTERM", timeout_s=60) == 128 + signal.SIGTERM
+    finally:
+        kill_group(job.pid)
+        job.wait()
 
 
 def test_step_checkpoint_after_a_crash_resumes_mid_epoch_exactly(tmp_path, uninterrupted):
@@ -196,11 +236,13 @@ def test_ranks_agree_on_the_step_to_stop_at():
     assert steps.tolist() == [4, 4]
 
 
-@pytest.mark.parametrize("target,grace_s,message", [
-    ("sleep", 30, "stopped by SIGTERM"),
-    ("ignore", 2, "stopped by SIGTERM (rank"),  # ... had not ended within 2s and was killed
+@pytest.mark.parametrize("target,grace_s,message,to", [
+    ("sleep", 30, "stopped by SIGTERM", "launcher"),
+    # Each rank gets the signal twice (from the group, then forwarded): cleanup goes on.
+    ("sleep", 30, "stopped by SIGTERM", "process group"),
+    ("ignore", 2, "stopped by SIGTERM (rank", "launcher"),  # ... had not ended within 2s ...
 ])
-def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message):
+def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message, to):
     log = tmp_path / "log.txt"
     job = start([sys.executable, str(REPO / "tests" / "_stop_ranks.py"), target, str(grace_s)],
                 log)
@@ -209,11 +251,15 @@ def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message):
         wait_for_output(job, log, "rank 1 ready", timeout_s=60)
         ranks = psutil.Process(job.pid).children()
         started = time.monotonic()
-        job.send_signal(signal.SIGTERM)
+        if to == "launcher":
+            job.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(job.pid, signal.SIGTERM)
         code = wait_for_exit(job, "SIGTERM", timeout_s=grace_s + 20)
         assert time.monotonic() - started < grace_s + 10
         assert code == 128 + signal.SIGTERM, log.read_text()
         assert f"JobStopped: {message}" in log.read_text()
+        assert "Traceback" not in log.read_text(), log.read_text()
         if target == "ignore":
             assert f"had not ended within {grace_s}s" in log.read_text()
         assert wait_until_gone([p.pid for p in ranks], timeout_s=5) == []

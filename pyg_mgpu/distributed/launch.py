@@ -49,11 +49,12 @@ class RankFailed(RuntimeError):
     """A rank died; the message names the rank and carries its traceback or signal."""
 
 
-class JobStopped(RuntimeError):
+class JobStopped(KeyboardInterrupt):
     """A stop signal ended the job before its ranks finished.
 
-    ``signum``: the signal; ``killed_after_grace``: the ranks that had not ended within the
-    grace period and were killed.
+    A ``KeyboardInterrupt`` (as Ctrl-C was before), so ``except Exception`` around a job does
+    not swallow a stop. ``signum``: the signal; ``killed_after_grace``: the ranks that had not
+    ended within the grace period and were killed.
     """
 
     def __init__(self, signum: int, killed_after_grace: Sequence[int] = (),
@@ -174,11 +175,14 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
-    if init_method == "env://" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    if (init_method == "env://" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and os.environ.get("GROUP_WORLD_SIZE") == "1"):
         # torchrun's workers share its store across restarts, and a group's keys do not name
         # the attempt: a restarted rank could read its peer's address from the attempt before
-        # and fail ("connectFullMesh failed ... Connection refused", 2 of 4 restarts here).
-        # Each attempt's keys get a prefix of their own.
+        # and fail ("connectFullMesh failed ... Connection refused", 2 of 5 restarts here).
+        # Each attempt's keys get a prefix of their own. Only with one machine: each machine's
+        # torchrun counts its own restarts, so counts can differ between machines (there,
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives every attempt a fresh store instead).
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = dist.PrefixStore(f"pyg_mgpu/attempt_{attempt}/", dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
@@ -341,7 +345,7 @@ class _LauncherSignals:
         # Python runs handlers in the main thread only; spawn() called from another thread
         # keeps the process's own handling (the ranks still stop when the process dies).
         if threading.current_thread() is threading.main_thread():
-            for signum in stop.STOP_SIGNALS:
+            for signum in stop.handled_signals():
                 self._previous[signum] = signal.signal(signum, self._on_signal)
         return self
 
@@ -448,7 +452,17 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
 
 def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
                grace_s: float) -> None:
-    """Turns how the ranks ended into JobStopped, RankFailed, or nothing (all finished)."""
+    """Turns how the ranks ended into RankFailed, JobStopped, or nothing (all finished).
+
+    A rank that raised is reported even during a stop: its error (a full disk while writing
+    the stop's checkpoint, say) is what the user must see.
+    """
+    reports = _failure_reports(report_dir)
+    if reports:  # it raised: name the earliest of the ranks that did
+        rank = min(reports, key=lambda r: reports[r][0])
+        during = f" (while stopping on {stop.signal_name(launcher_signal)})" \
+            if launcher_signal else ""
+        raise RankFailed(f"rank {rank} failed{during}:\n{reports[rank][1]}")
     stopped = _stop_reports(report_dir)
     # Ranks whose own watchdog ended them after the grace period (exit code 128 + signal).
     overdue = {i: code - 128 for i, code in enumerate(outcome.exit_codes)
@@ -466,10 +480,6 @@ def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
     if outcome.first_failed is None:
         return
     index, code = outcome.first_failed
-    reports = _failure_reports(report_dir)
-    if index in reports:  # it raised: name the earliest of the ranks that did
-        rank = min(reports, key=lambda r: reports[r][0])
-        raise RankFailed(f"rank {rank} failed:\n{reports[rank][1]}")
     if code < 0:
         name = signal.Signals(-code).name
         hint = " (out of memory is a common cause of SIGKILL)" if name == "SIGKILL" else ""

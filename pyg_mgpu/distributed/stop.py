@@ -12,11 +12,12 @@ Where a signal lands, and what follows:
 - **A rank's watchdog thread** sees the signal even while the main thread is blocked in C (a
   collective, a long kernel), because the C-level handler writes it to a pipe: the rank ends
   ``grace_s`` after the signal if it has not ended by then. The watchdog also treats the death
-  of the rank's launcher as a stop signal (SIGHUP), whatever became of the parent-death signal.
+  of the rank's launcher as a stop signal (SIGTERM), whatever became of the parent-death signal.
 
 The handlers are installed explicitly, so a SIGINT that the shell starting the job set to
-ignored (``&``, ``nohup``, many batch scripts) is handled like any other signal. Processes a
-rank forks (DataLoader workers) ignore stop signals: their rank ends them when it stops.
+ignored (``&``, many batch scripts) is handled like any other signal; a SIGHUP ignored by
+``nohup`` stays ignored. The CLI's DataLoader workers ignore stop signals: their rank ends them
+when it stops.
 """
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ def stopped_exit_code(signum: int) -> int:
     return 128 + signum
 
 
-class StopSignal(BaseException):
+class StopSignal(KeyboardInterrupt):
     """A stop signal ended this rank's work.
 
-    A ``BaseException``, like ``KeyboardInterrupt``, so that ``except Exception`` in user code
-    does not swallow it.
+    A ``KeyboardInterrupt``: ``except Exception`` in user code does not swallow it, and code
+    that cleans up on Ctrl-C (``except KeyboardInterrupt``) does so on any stop signal.
     """
 
     def __init__(self, signum: int):
@@ -62,7 +63,9 @@ class StopSignal(BaseException):
 class _State:
     signum = 0  # the first stop signal this process received, 0 if none
     graceful = False
+    raised = False  # StopSignal raised once already: a repeated signal must not interrupt cleanup
     installed = False
+    previous: dict = {}  # the dispositions before install_rank_handlers, for forked children
 
 
 _state = _State()
@@ -80,8 +83,11 @@ def _record(signum: int) -> None:
 
 def _on_signal(signum: int, frame) -> None:
     _record(signum)
-    if not _state.graceful:
-        raise StopSignal(signum)
+    if not _state.graceful and not _state.raised:
+        # Once: a signal often arrives twice (to the process group, then forwarded by the
+        # launcher), and the second must not interrupt the cleanup the first started.
+        _state.raised = True
+        raise StopSignal(_state.signum)
 
 
 @contextlib.contextmanager
@@ -96,20 +102,32 @@ def graceful() -> Iterator[None]:
         _state.graceful = before
 
 
-def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S) -> None:
-    """Makes this process a rank that stops on SIGTERM, SIGINT and SIGHUP (main thread only).
+def handled_signals() -> tuple:
+    """The stop signals to handle: all three, except a SIGHUP that ``nohup`` set to ignored
+    (a job started that way is meant to outlive its terminal). An ignored SIGINT (``&``) is
+    handled all the same."""
+    return tuple(signum for signum in STOP_SIGNALS
+                 if not (signum == signal.SIGHUP and
+                         signal.getsignal(signum) == signal.SIG_IGN))
 
-    Idempotent. The handlers replace whatever the process inherited, SIG_IGN included.
+
+def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S) -> None:
+    """Makes this process a rank that stops on SIGTERM, SIGINT and SIGHUP.
+
+    Idempotent. The handlers replace whatever the process inherited (see
+    :func:`handled_signals`). Python sets handlers from the main thread only: called from
+    another thread (a ``spawn`` under torchrun from a thread) it installs nothing, and the
+    process keeps its own signal handling.
     """
-    if _state.installed:
+    if _state.installed or threading.current_thread() is not threading.main_thread():
         return
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _on_signal)
+    for signum in handled_signals():
+        _state.previous[signum] = signal.signal(signum, _on_signal)
     threading.Thread(target=_watchdog, args=(read_fd, os.getppid(), grace_s),
                      name="pyg_mgpu-stop-watchdog", daemon=True).start()
     os.register_at_fork(after_in_child=_forked_child)
@@ -118,7 +136,7 @@ def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S) -> None:
 
 def _watchdog(read_fd: int, parent_pid: int, grace_s: float) -> None:
     """Ends the rank ``grace_s`` after its first stop signal; turns the launcher's death into
-    SIGHUP."""
+    a SIGTERM."""
     deadline: Optional[float] = None
     while True:
         wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
@@ -128,7 +146,7 @@ def _watchdog(read_fd: int, parent_pid: int, grace_s: float) -> None:
                 if signum in STOP_SIGNALS:
                     _record(signum)
         if deadline is None and not _state.signum and os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGHUP)  # through the handler: the main thread sees it
+            os.kill(os.getpid(), signal.SIGTERM)  # through the handler: the main thread sees it
             continue
         if deadline is None and _state.signum:
             deadline = time.monotonic() + grace_s
@@ -140,11 +158,13 @@ def _watchdog(read_fd: int, parent_pid: int, grace_s: float) -> None:
 
 
 def _forked_child() -> None:
-    """Forked helpers (DataLoader workers) leave stopping to their rank, which ends them."""
+    """A forked child (a DataLoader worker, a helper) is not a rank: it gets the signal handling
+    the rank had before :func:`install_rank_handlers`, and writes to no watchdog's pipe.
+    (DataLoader workers of the CLI's loaders then ignore stop signals: their rank ends them.)"""
     with contextlib.suppress(ValueError):  # not the main thread: nothing was inherited there
         signal.set_wakeup_fd(-1)
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+        for signum, handler in _state.previous.items():
+            signal.signal(signum, handler)
     _state.installed = False
 
 

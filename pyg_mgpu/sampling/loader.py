@@ -7,6 +7,9 @@ num_sampled_nodes, num_sampled_edges``), as any PyG user's ``NeighborLoader`` gi
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
+import threading
 from typing import Optional, Sequence
 
 import torch
@@ -105,6 +108,26 @@ def _worker_start_method(num_workers: int) -> Optional[str]:
     return "fork"
 
 
+def _leave_stops_to_the_rank(worker_id: int) -> None:
+    """A DataLoader worker ends when its rank ends it, and on no other stop signal.
+
+    A SIGTERM sent to the whole process group (Slurm, ``kill -- -PGID``) used to kill the
+    workers, and their rank then failed instead of stopping cleanly with a checkpoint. Here the
+    stop signals are blocked and a thread takes them: one from the rank (DataLoader's shutdown,
+    the rank's exit) ends the worker, as torch's own handler does; others are dropped.
+    """
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # this thread, and those started later
+    rank = os.getppid()
+
+    def take_signals() -> None:
+        while True:
+            if signal.sigwaitinfo(stops).si_pid == rank:
+                os._exit(0)
+
+    threading.Thread(target=take_signals, name="pyg_mgpu-worker-signals", daemon=True).start()
+
+
 def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
                 seed: int, batch_size: int, num_workers: int = 0,
                 rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -130,6 +153,7 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
         distributed=distributed, rank=rank, world_size=world_size, seed=seed,
         shuffle=distributed, num_workers=num_workers, persistent_workers=num_workers > 0,
         multiprocessing_context=_worker_start_method(num_workers),
+        worker_init_fn=_leave_stops_to_the_rank if num_workers > 0 else None,
         filter_per_worker=filter_per_worker,
         transform=feature_cache.attach if feature_cache else None,
         # Its own generator: iterating a DataLoader draws a seed, and drawing it from the

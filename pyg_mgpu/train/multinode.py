@@ -57,6 +57,18 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore:
     return GraphStore(**state)
 
 
+def check_same_resume(cfg: TrainConfig, ctx: RankContext) -> None:
+    """Every rank decided alike whether to resume (``--resume auto`` looks for ``--out``'s
+    checkpoint in each process, before the process group exists)."""
+    resume = int(bool(cfg.resume))
+    flags = torch.tensor([resume, -resume], device=ctx.collective_device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if int(flags[0]) != -int(flags[1]):
+        raise ValueError(f"--resume: some ranks found a checkpoint in {cfg.out or cfg.resume} "
+                         "and others did not; give --out a folder every machine sees (a shared "
+                         "filesystem).")
+
+
 def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     """The entry point under torchrun: same trainer, environment rendezvous."""
     from pyg_mgpu.train.trainer import run_training
@@ -65,6 +77,7 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     with torchrun_process_group(cfg.devices, timeout_s=cfg.timeout_s,
                                 tune_allocator=cfg.recipe == "pyg_mgpu",
                                 backend=cfg.backend, grace_s=cfg.grace_s) as ctx:
+        check_same_resume(cfg, ctx)
         start = time.perf_counter()
         graph = load_graph_once_per_node(cfg, ctx)
         check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.batch_size)

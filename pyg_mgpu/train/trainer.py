@@ -317,7 +317,7 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
         "recipe": cfg.recipe,
         "model": cfg.model,
         "amp": cfg.amp,
-        "steps_per_epoch": len(data.train_loader),
+        "steps_per_epoch": data.train_loader.epoch_sampler.steps_per_epoch,
         "train_nodes": graph.train_idx.numel(),
         "threads_per_rank": torch.get_num_threads(),
         "config": cfg.to_dict(),
