@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON,
-                                   INFERENCE_MODES, MODELS, RECIPES, SAMPLERS,
-                                   ConfigError, TrainConfig)
+                                   INFERENCE_MODES, MODEL_RECIPES, MODELS, NORMS, RECIPES,
+                                   SAMPLERS, ConfigError, TrainConfig)
 
 
 def parse_fanout(text: str) -> tuple[int, ...]:
@@ -65,16 +65,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=MODELS, default=d.model,
                    help="sage = our GraphSAGE (trimmed layers, fused kernels); gcn, gat, gin = "
                         "PyG's GCN, GAT, GIN models, trimmed per layer with PyG's per-hop counts")
-    p.add_argument("--hidden", type=int, default=d.hidden,
-                   help="width of every hidden layer (GAT: all heads together)")
-    p.add_argument("--heads", type=int, default=d.heads,
-                   help="--model gat: attention heads per layer, 8 as in PyG's examples/gat.py "
-                        "on Cora; hidden layers concatenate them (--hidden / --heads channels "
-                        "each), the output layer averages them (the example's has one head)")
-    p.add_argument("--dropout", type=float, default=d.dropout)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
-                   help="Adam's L2 penalty (PyG's Cora examples use 5e-4)")
+    model = p.add_argument_group(
+        "model settings", "default: the chosen --model's recipe (its paper's, or PyG's example "
+        "for it): " + "; ".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in recipe.items()
+                                                         if k != "heads" or name == "gat")
+                                for name, recipe in MODEL_RECIPES.items())
+        + ". A flag given here overrides its recipe value")
+    model.add_argument("--hidden", type=int, help="width of every hidden layer (GAT: all heads "
+                                                  "together)")
+    model.add_argument("--heads", type=int,
+                       help="--model gat: attention heads per layer; hidden layers concatenate "
+                            "them (--hidden / --heads channels each), the output layer averages "
+                            "them (the example's has one head)")
+    model.add_argument("--dropout", type=float)
+    model.add_argument("--lr", type=float)
+    model.add_argument("--weight-decay", type=float, help="Adam's L2 penalty")
+    model.add_argument("--norm", choices=NORMS,
+                       help="PyG's models: normalization after each hidden layer and in GIN's "
+                            "MLPs; batch = BatchNorm (batch statistics in training, running "
+                            "statistics in evaluation), layer = LayerNorm per node")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--eval-on", choices=EVAL_MODES, default=d.eval_on)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
@@ -185,8 +194,8 @@ def run(cfg: TrainConfig) -> Path:
     graph.share_memory_()
     load_s = time.perf_counter() - start
     print(f"{graph.summary()} | loaded in {load_s:.1f}s | {len(devices)} rank(s) on "
-          f"{devices[0].type} | threads/rank {max(1, usable_cores() // len(devices))}",
-          flush=True)
+          f"{devices[0].type} | threads/rank {max(1, usable_cores() // len(devices))}\n"
+          f"{cfg.recipe_summary()}", flush=True)
     release_free_heap()
     from pyg_mgpu.train.trainer import run_training
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.

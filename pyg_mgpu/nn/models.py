@@ -92,8 +92,15 @@ def _self_loops_in_their_hop(edge_index: Tensor, edge_weight: Tensor,
     return edge_index[:, order], edge_weight[order], edges_per_hop
 
 
+# PyG's normalization layers by --norm: BatchNorm keeps working on a batch with one seed (the
+# last layer of a tiny batch); LayerNorm normalizes each node's features (PyG's default mode
+# would normalize over the whole batch).
+_NORMS = {"none": (None, None), "batch": ("batch_norm", {"allow_single_element": True}),
+          "layer": ("layer_norm", {"mode": "node"})}
+
+
 def build_model(name: str, in_channels: int, hidden_channels: int, out_channels: int,
-                num_layers: int, dropout: float = 0.5, *, heads: int = 8,
+                num_layers: int, dropout: float = 0.5, *, heads: int = 8, norm: str = "none",
                 sparse_aggregation: bool = True, fast_dropout: bool = True) -> nn.Module:
     """The ``--model`` network: ``num_layers`` message-passing layers, ReLU and dropout between.
 
@@ -110,6 +117,11 @@ def build_model(name: str, in_channels: int, hidden_channels: int, out_channels:
             coefficients with it (PyG's GAT passes it to every ``GATConv``).
         heads: GAT's attention heads per layer: hidden layers concatenate them
             (``hidden_channels // heads`` channels each), the output layer averages them.
+        norm: PyG's models: ``none``, ``batch`` (BatchNorm) or ``layer`` (LayerNorm per node)
+            after each hidden layer, through ``BasicGNN``'s ``norm``; GIN also puts it inside
+            each layer's MLP. BatchNorm normalizes with the batch's statistics in training and
+            with running statistics in evaluation (``model.eval()``), so a node's evaluated
+            output does not depend on the batch it is in.
         sparse_aggregation: ``sage`` only: embedding-bag mean aggregation (else PyG's scatter).
         fast_dropout: ``sage`` only: the fused ReLU + byte-mask dropout (else PyG's plain ones).
 
@@ -117,12 +129,16 @@ def build_model(name: str, in_channels: int, hidden_channels: int, out_channels:
         ValueError: for an unknown ``name``, or GAT widths that ``heads`` does not divide.
     """
     if name == "sage":
+        if norm != "none":
+            raise ValueError("our GraphSAGE has no normalization layers; norm='none'.")
         return GraphSAGE(in_channels, hidden_channels, out_channels, num_layers, dropout,
                          sparse_aggregation=sparse_aggregation, fast_dropout=fast_dropout)
     # With out_channels given (and no jumping knowledge) PyG's last layer maps straight to the
     # classes, as our GraphSAGE's does: no extra Linear.
+    norm_layer, norm_kwargs = _NORMS[norm]
     sizes = dict(in_channels=in_channels, hidden_channels=hidden_channels,
-                 num_layers=num_layers, out_channels=out_channels, dropout=dropout)
+                 num_layers=num_layers, out_channels=out_channels, dropout=dropout,
+                 norm=norm_layer, norm_kwargs=norm_kwargs)
     if name == "gcn":
         return GCN(**sizes)
     if name == "gat":

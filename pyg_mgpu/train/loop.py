@@ -22,7 +22,7 @@ from pyg_mgpu.distributed.launch import RankContext
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.evaluation import global_ratio
+from pyg_mgpu.train.evaluation import all_reduce_sum, global_ratio
 
 
 @dataclass
@@ -80,23 +80,27 @@ def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
 
 
 class EpochTotals:
-    """This rank's training loss sum, correct predictions and seed count for one epoch.
+    """This rank's training loss sum, correct predictions, seed count and predictions per class
+    for one epoch.
 
     The sums stay on the batch's device, so a training step never waits for the GPU to read
     them back (torchmetrics' metrics did, a few times per step: its NaN check and argument
     checks read device values on the host). :meth:`compute` sums them over the ranks and
     divides once. A NaN loss makes the epoch's loss NaN (torchmetrics dropped it with a
-    warning): a diverged run shows.
+    warning): a diverged run shows. The per-class counts tell a collapsed model, which predicts
+    one class for every seed (:mod:`pyg_mgpu.train.health`).
     """
 
     def __init__(self, device: torch.device):
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.correct = torch.zeros((), dtype=torch.long, device=device)
+        self.predicted = torch.zeros(0, dtype=torch.long, device=device)  # sized at first use
         self.seen = 0
 
-    def state(self) -> tuple[float, int, int]:
-        """(loss sum, correct, seen) as exact host numbers, for a mid-epoch checkpoint."""
-        return float(self.loss_sum), int(self.correct), self.seen
+    def state(self) -> tuple:
+        """(loss sum, correct, seen, predictions per class) as exact host numbers, for a
+        mid-epoch checkpoint."""
+        return float(self.loss_sum), int(self.correct), self.seen, self.predicted.tolist()
 
     @classmethod
     def from_state(cls, state: tuple, device: torch.device) -> "EpochTotals":
@@ -104,12 +108,19 @@ class EpochTotals:
         totals.loss_sum.fill_(state[0])
         totals.correct.fill_(state[1])
         totals.seen = state[2]
+        if len(state) > 3:
+            totals.predicted = torch.tensor(state[3], dtype=torch.long, device=device)
         return totals
 
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
         """One batch: its seed logits, their labels and its mean loss."""
+        prediction = logits.detach().argmax(-1)
         self.loss_sum += loss.detach().double() * y.numel()
-        self.correct += (logits.detach().argmax(-1) == y).sum()
+        self.correct += (prediction == y).sum()
+        if self.predicted.numel() != logits.size(-1):
+            self.predicted = torch.zeros(logits.size(-1), dtype=torch.long,
+                                         device=logits.device)
+        self.predicted += torch.bincount(prediction, minlength=logits.size(-1))
         self.seen += y.numel()
 
     def compute(self, sum_over_ranks: bool = True) -> tuple[float, float]:
@@ -117,6 +128,11 @@ class EpochTotals:
         ``sum_over_ranks=False``)."""
         return (global_ratio(self.loss_sum, self.seen, sum_over_ranks=sum_over_ranks),
                 global_ratio(self.correct, self.seen, sum_over_ranks=sum_over_ranks))
+
+    def classes_predicted(self) -> int:
+        """How many classes the model predicted for at least one seed, over every rank (a
+        collective)."""
+        return int((all_reduce_sum(self.predicted) > 0).sum())
 
 
 def check_equal_steps(steps: int, ctx: RankContext) -> None:
@@ -143,8 +159,9 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
                 ctx: RankContext, timer: StageTimer, epoch: int,
                 cfg: TrainConfig, grad_sync: Optional[DeferredAllReduce] = None,
                 totals: Optional[EpochTotals] = None, done: int = 0,
-                after_step: Optional[StepHook] = None) -> tuple[float, float]:
-    """One epoch on this rank's shard; returns the global (loss, accuracy) over all ranks.
+                after_step: Optional[StepHook] = None) -> tuple[float, float, int]:
+    """One epoch on this rank's shard; returns the global (loss, accuracy, classes predicted)
+    over all ranks.
 
     Each step loads the next batch after ``backward()``: with ``grad_sync`` (CPU ranks) the
     gradient all-reduce is still running then, and the optimizer step waits for it after.
@@ -214,4 +231,4 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     finally:
         if prefetcher is not None:
             prefetcher.close()
-    return totals.compute()
+    return (*totals.compute(), totals.classes_predicted())

@@ -83,7 +83,7 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
         check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.batch_size)
         if ctx.is_main:
             print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
-                  f"{ctx.device.type}", flush=True)
+                  f"{ctx.device.type}\n{cfg.recipe_summary()}", flush=True)
         run_training(ctx, graph, cfg, str(out),
                      {"load_time_s": time.perf_counter() - start, "launcher": "torchrun"})
     if ctx.is_main:

@@ -35,6 +35,7 @@ from pyg_mgpu.train.checkpoint import (CHECKPOINT, StepPosition, describe, resto
                                        save_checkpoint, save_torch)
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.evaluation import accuracy, layerwise_inference
+from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
@@ -58,7 +59,8 @@ def build_ddp(cfg: TrainConfig, graph: GraphStore, ctx: RankContext) -> Trainee:
     # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
     # --compile inductor fuses PyG's plain ReLU and dropout instead.
     model = build_model(cfg.model, graph.num_features, cfg.hidden, graph.num_classes,
-                        cfg.num_layers, cfg.dropout, heads=cfg.heads, sparse_aggregation=ours,
+                        cfg.num_layers, cfg.dropout, heads=cfg.heads, norm=cfg.norm,
+                        sparse_aggregation=ours,
                         fast_dropout=ours and not cfg.compile).to(ctx.device)
     if cfg.compile:
         model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
@@ -234,10 +236,9 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
             start = time.perf_counter() - (resumed.elapsed_s if resumed else 0.0)
             between.begin_epoch(epoch, done + len(data.train_loader), start)
             totals = EpochTotals.from_state(resumed.totals, ctx.device) if resumed else None
-            train_loss, train_acc = train_epoch(trainee.ddp, trainee.optimizer,
-                                                data.train_loader, ctx, timer, epoch, cfg,
-                                                trainee.grad_sync, totals=totals, done=done,
-                                                after_step=between.after_step)
+            train_loss, train_acc, classes = train_epoch(
+                trainee.ddp, trainee.optimizer, data.train_loader, ctx, timer, epoch, cfg,
+                trainee.grad_sync, totals=totals, done=done, after_step=between.after_step)
             epoch_time = time.perf_counter() - start
             val_acc, eval_time = None, 0.0
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
@@ -251,9 +252,12 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
                         save_torch(progress.best_state, out / "best.pt")
             progress.history.append({"epoch": epoch, "train_loss": train_loss,
                                      "train_acc": train_acc, "val_acc": val_acc,
+                                     "classes_predicted": classes,
                                      "epoch_time_s": epoch_time, "eval_time_s": eval_time,
                                      "stage_times_s": dict(timer.seconds)})
             progress.next_epoch = epoch + 1
+            warnings = collapse_warnings(progress.history, lr=cfg.lr, norm=cfg.norm,
+                                         model=cfg.model)
             if ctx.is_main:
                 val = "-" if val_acc is None else f"{val_acc:.4f}"
                 tqdm.write(f"epoch {epoch:3d} | loss {train_loss:.4f} | train acc "
@@ -262,6 +266,9 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
                 if cfg.profile:
                     stages = ", ".join(f"{k} {v:.2f}s" for k, v in timer.seconds.items())
                     tqdm.write(f"          stages (rank 0): {stages}")
+                for warning in warnings:
+                    if warning["epoch"] == epoch:  # each warning once, when it first applies
+                        tqdm.write(f"warning: {warning['message']}")
             between.after_epoch()
     except StopSignal:
         between.close()  # every rank stopped at the same step: the last exchange completes
@@ -322,6 +329,7 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
         "threads_per_rank": torch.get_num_threads(),
         "config": cfg.to_dict(),
         "epochs": history,
+        "warnings": collapse_warnings(history, lr=cfg.lr, norm=cfg.norm, model=cfg.model),
         "best_val_acc": progress.best["val_acc"],
         "best_epoch": progress.best["epoch"],
         **results,
