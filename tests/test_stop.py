@@ -229,6 +229,30 @@ def test_torchrun_restart_after_a_killed_worker_matches(tmp_path, uninterrupted)
     assert_same_run(run, uninterrupted)
 
 
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+def test_sigterm_to_torchrun_stops_its_ranks_with_a_checkpoint(tmp_path):
+    # torchrun forwards the signal to its ranks; it does not restart after one.
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    cmd = ["torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           "-m", "pyg_mgpu.distributed_sampling", *ARGS[4:], "--devices", "cpu",
+           "--out", str(run), "--grace-s", "20"]
+    job = start(cmd, log)
+    try:
+        wait_for_output(job, log, "epoch 2:", timeout_s=120)
+        members = group_members(job.pid)
+        job.send_signal(signal.SIGTERM)
+        code = wait_for_exit(job, "SIGTERM", timeout_s=60)
+        text = log.read_text(errors="replace")
+        assert code != 0, text[-3000:]
+        assert wait_until_gone(members, timeout_s=10) == [], "processes outlived the stop"
+    finally:
+        kill_group(job.pid)
+        job.wait()
+    assert "error: stopped by SIGTERM; checkpoint" in text, text[-3000:]
+    assert_stopped_in_epoch_2(read_checkpoint(run))
+
+
 def test_ranks_agree_on_the_step_to_stop_at():
     steps = torch.zeros(2, dtype=torch.long).share_memory_()
     launch_local(_stop_ranks.agree_on_a_stop, [torch.device("cpu")] * 2, args=(3, steps))
