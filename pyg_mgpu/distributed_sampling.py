@@ -71,16 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                          if k != "heads" or name == "gat")
                                 for name, recipe in MODEL_RECIPES.items())
         + ". A flag given here overrides its recipe value")
-    model.add_argument("--hidden", type=int, help="width of every hidden layer (GAT: all heads "
-                                                  "together)")
-    model.add_argument("--heads", type=int,
+    model.add_argument("--hidden", type=int, default=argparse.SUPPRESS,
+                       help="width of every hidden layer (GAT: all heads together)")
+    model.add_argument("--heads", type=int, default=argparse.SUPPRESS,
                        help="--model gat: attention heads per layer; hidden layers concatenate "
                             "them (--hidden / --heads channels each), the output layer averages "
                             "them (the example's has one head)")
-    model.add_argument("--dropout", type=float)
-    model.add_argument("--lr", type=float)
-    model.add_argument("--weight-decay", type=float, help="Adam's L2 penalty")
-    model.add_argument("--norm", choices=NORMS,
+    model.add_argument("--dropout", type=float, default=argparse.SUPPRESS)
+    model.add_argument("--lr", type=float, default=argparse.SUPPRESS)
+    model.add_argument("--weight-decay", type=float, default=argparse.SUPPRESS,
+                       help="Adam's L2 penalty")
+    model.add_argument("--norm", choices=NORMS, default=argparse.SUPPRESS,
                        help="PyG's models: normalization after each hidden layer and in GIN's "
                             "MLPs; batch = BatchNorm (batch statistics in training, running "
                             "statistics in evaluation), layer = LayerNorm per node")

@@ -272,9 +272,10 @@ def _split_args(args: argparse.Namespace) -> tuple[TrainConfig, argparse.Namespa
             raise CompareError(f"{flag} {train[key]}: the comparison starts a fresh run and, as "
                                "DGL's recipe does, validates on rank 0 after every epoch with "
                                f"the training batch size; drop {flag}.")
-    if train["model"] != "sage" or train["weight_decay"] not in (None, 0):
+    weight_decay = train.get("weight_decay")  # absent: the sage recipe's 0
+    if train["model"] != "sage" or weight_decay not in (None, 0):
         raise CompareError("the DGL variant trains GraphSAGE with plain Adam: drop --model "
-                           f"{train['model']} / --weight-decay {train['weight_decay']}, or "
+                           f"{train['model']} / --weight-decay {weight_decay or 0}, or "
                            "compare other models without DGL (python -m pyg_mgpu.report).")
     return TrainConfig(**train), rest
 
