@@ -543,8 +543,8 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
 
         grace_s: Seconds the ranks have to end after a stop signal (SIGTERM, SIGINT, SIGHUP)
             before they are killed. In a rank, the signal raises
-            :class:`~pyg_mgpu.distributed.stop.StopSignal` (a ``BaseException``, like
-            ``KeyboardInterrupt``), or, inside ``with stop.graceful():``, is only recorded for
+            :class:`~pyg_mgpu.distributed.stop.StopSignal` (a ``KeyboardInterrupt``, raised
+            once), or, inside ``with stop.graceful():``, is only recorded for
             ``fn`` to poll (``stop.requested()``) and end cleanly.
 
     Raises:

@@ -110,8 +110,8 @@ def set_rng_state(state: dict, sampler, device: torch.device) -> None:
 class StepPosition:
     """Where in an epoch a step checkpoint was taken, and what the epoch had summed so far.
 
-    ``done``: the epoch's steps finished; ``totals``: this rank's loss sum, correct predictions
-    and seeds (:class:`~pyg_mgpu.train.loop.EpochTotals`); ``sampler_state``: the sampler's
+    ``done``: the epoch's steps finished; ``totals``: this rank's loss sum, correct predictions,
+    seeds and predictions per class (:meth:`~pyg_mgpu.train.loop.EpochTotals.state`); ``sampler_state``: the sampler's
     generator as it was before batch ``done`` was drawn; ``elapsed_s``: the epoch's training
     seconds so far.
     """

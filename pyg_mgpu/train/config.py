@@ -26,7 +26,7 @@ MODELS = ("sage", "gcn", "gat", "gin")
 # LayerNorm over each node's features.
 NORMS = ("none", "batch", "layer")
 # Each model's own defaults for the settings its paper or PyG's example for it fixes; a flag the
-# user gives always wins (TrainConfig.recipe_values says which came from where).
+# user gives always wins (TrainConfig.recipe_sources says which came from where).
 MODEL_RECIPES = {
     # Our GraphSAGE: the settings the synthetic default and Cora are measured with (README).
     "sage": {"lr": 0.003, "hidden": 256, "dropout": 0.5, "weight_decay": 0.0, "heads": 8,

@@ -120,7 +120,8 @@ class EpochTotals:
         if self.predicted.numel() != logits.size(-1):
             self.predicted = torch.zeros(logits.size(-1), dtype=torch.long,
                                          device=logits.device)
-        self.predicted += torch.bincount(prediction, minlength=logits.size(-1))
+        # index_add_, not bincount: CUDA's bincount reads the largest value on the host.
+        self.predicted.index_add_(0, prediction, torch.ones_like(prediction))
         self.seen += y.numel()
 
     def compute(self, sum_over_ranks: bool = True) -> tuple[float, float]:
@@ -135,6 +136,13 @@ class EpochTotals:
         return int((all_reduce_sum(self.predicted) > 0).sum())
 
 
+def fewest_and_most(value: int, ctx: RankContext) -> tuple[int, int]:
+    """The smallest and largest of every rank's ``value``, in one collective."""
+    values = torch.tensor([value, -value], device=ctx.collective_device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return -int(values[1]), int(values[0])
+
+
 def check_equal_steps(steps: int, ctx: RankContext) -> None:
     """Fails on every rank if the ranks are about to run different numbers of steps.
 
@@ -142,9 +150,7 @@ def check_equal_steps(steps: int, ctx: RankContext) -> None:
     makes the counts equal (tested); this one collective per epoch turns a bug there into an
     error instead of a hang. (``Join``, the per-step alternative, cost ~5% of a CPU step.)
     """
-    counts = torch.tensor([steps, -steps], device=ctx.collective_device)
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    most, fewest = int(counts[0]), -int(counts[1])
+    fewest, most = fewest_and_most(steps, ctx)
     if most != fewest:
         raise RuntimeError(f"ranks would run between {fewest} and {most} training steps this "
                            f"epoch (this rank: {steps}); every rank must run the same number.")

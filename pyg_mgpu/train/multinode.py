@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from pyg_mgpu.train.checkpoint import save_torch
 from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.train.loop import fewest_and_most
 from pyg_mgpu.data.datasets import load_configured
 from pyg_mgpu.data.graph import GraphStore
 from pyg_mgpu.distributed.launch import RankContext, torchrun_process_group
@@ -60,10 +61,8 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore:
 def check_same_resume(cfg: TrainConfig, ctx: RankContext) -> None:
     """Every rank decided alike whether to resume (``--resume auto`` looks for ``--out``'s
     checkpoint in each process, before the process group exists)."""
-    resume = int(bool(cfg.resume))
-    flags = torch.tensor([resume, -resume], device=ctx.collective_device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    if int(flags[0]) != -int(flags[1]):
+    fewest, most = fewest_and_most(int(bool(cfg.resume)), ctx)
+    if fewest != most:
         raise ValueError(f"--resume: some ranks found a checkpoint in {cfg.out or cfg.resume} "
                          "and others did not; give --out a folder every machine sees (a shared "
                          "filesystem).")
