@@ -130,6 +130,10 @@ class _MeanAggregate(torch.autograd.Function):
         return grad_src, None, None
 
 
+# Runs eagerly under torch.compile: on CUDA, inductor's code for this function's graph (its
+# argsort moved into the forward) raised a device-side assert (H100, torch 2.11, 2026-11-25);
+# its kernels are library calls (embedding_bag, sort, searchsorted) that compiling cannot fuse.
+@torch.compiler.disable
 def mean_aggregate(x_src: Tensor, ptr: Tensor, src: Tensor) -> Tensor:
     """Row ``i``: the mean of ``x_src[src[ptr[i]:ptr[i + 1]]]`` (zeros where that is empty)."""
     return _MeanAggregate.apply(x_src, ptr, src)

@@ -151,7 +151,12 @@ def layerwise_inference(model: torch.nn.Module, data: Data, *, batch_size: int =
     # of the graph at every step. Batches still carry their nodes' x, which PyG's loader
     # slices and BasicGNN.inference does not read (it indexes the loader's x by n_id).
     graph = Data(x=data.x, edge_index=data.edge_index, num_nodes=data.num_nodes)
-    attach_csc(graph, csc_of(data))  # the same edge_index tensor: its CSC, built at most once
+    if data.edge_index.is_cuda:
+        # BasicGNN.inference indexes its CPU copy of x by each batch's n_id, which the loader
+        # makes on the graph's device: sample on the CPU, as PyG's loader always does.
+        graph = graph.cpu()
+    else:
+        attach_csc(graph, csc_of(data))  # the same edge_index tensor: its CSC, built once
     loader = NeighborLoader(graph, num_neighbors=[-1], input_nodes=None, batch_size=batch_size,
                             shuffle=False)
     with _eval_mode(model):
