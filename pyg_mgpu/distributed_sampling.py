@@ -37,40 +37,49 @@ def parse_fractions(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser, its flags grouped by topic (the docs' CLI reference is built from it)."""
     d = TrainConfig()
     p = argparse.ArgumentParser(
         prog="python -m pyg_mgpu.distributed_sampling",
         description="Train a GNN (GraphSAGE, or PyG's GCN, GAT, GIN: --model) with neighbour "
                     "sampling on every GPU (or N CPU ranks).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", default=d.dataset,
-                   help="synthetic, cora, citeseer, pubmed, reddit, ogbn-arxiv, ogbn-products, "
-                        "ogbn-papers100M, or a path to a .npz graph")
-    p.add_argument("--root", default=d.root, help="folder the dataset lives in")
-    p.add_argument("--devices", default=d.devices,
-                   help="auto, cpu, cuda or cuda:0,1,... (cuda:0,0: two ranks on GPU 0, with "
-                        "--backend gloo)")
-    p.add_argument("--backend", choices=BACKENDS, default=d.backend,
-                   help="process-group backend: auto = NCCL on GPU ranks, gloo on CPU ranks; "
-                        "gloo on GPUs lets several ranks share one GPU (NCCL refuses that), "
-                        "for testing multi-rank logic on one GPU")
-    p.add_argument("--nprocs", type=int, default=d.nprocs,
-                   help="number of ranks (CPU ranks default to 2)")
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
-                   help="defaults to --batch-size")
-    p.add_argument("--fanout", type=parse_fanout, default=d.fanout,
-                   help="neighbours per layer, e.g. 25,10 (-1 = all); sets the layer count")
-    p.add_argument("--model", choices=MODELS, default=d.model,
-                   help="sage = our GraphSAGE (trimmed layers, fused kernels); gcn, gat, gin = "
-                        "PyG's GCN, GAT, GIN models, trimmed per layer with PyG's per-hop counts")
+
+    data = p.add_argument_group("data")
+    data.add_argument("--dataset", default=d.dataset,
+                      help="synthetic, cora, citeseer, pubmed, reddit, ogbn-arxiv, ogbn-products, "
+                           "ogbn-papers100M, or a path to a .npz graph")
+    data.add_argument("--root", default=d.root, help="folder the dataset lives in")
+    data.add_argument("--cache-dir", default=d.cache_dir,
+                      help="where converted graphs are kept, so later runs read them instead of "
+                           "converting again (default: $PYG_MGPU_CACHE/graphs, else "
+                           "~/.cache/pyg_mgpu/graphs)")
+    data.add_argument("--no-cache", action="store_true", default=d.no_cache,
+                      help="convert the dataset on every run and keep no cache")
+    data.add_argument("--features-on", choices=FEATURES_ON, default=d.features_on,
+                      help="shm: copy the graph to /dev/shm for the ranks; mmap: the ranks map "
+                           "the graph cache's files, which the kernel pages in as batches read "
+                           "them (for graphs larger than /dev/shm or RAM); auto: mmap when "
+                           "/dev/shm cannot hold the graph")
+
+    synthetic = p.add_argument_group("synthetic dataset (--dataset synthetic)")
+    for flag in ("num_nodes", "num_edges", "num_features", "num_classes"):
+        synthetic.add_argument("--" + flag.replace("_", "-"), type=int, default=getattr(d, flag))
+    synthetic.add_argument("--split-fractions", type=parse_fractions, default=d.split_fractions,
+                           help="shares of the nodes in the train,val,test splits (the training "
+                                "share sets an epoch's length)")
+
     model = p.add_argument_group(
-        "model settings", "default: the chosen --model's recipe (its paper's, or PyG's example "
-        "for it): " + "; ".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in recipe.items()
-                                                         if k != "heads" or name == "gat")
-                                for name, recipe in MODEL_RECIPES.items())
-        + ". A flag given here overrides its recipe value")
+        "model", "--hidden, --heads, --dropout, --lr, --weight-decay and --norm default to the "
+        "chosen --model's recipe (its paper's, or PyG's example for it): "
+        + "; ".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in recipe.items()
+                                            if k != "heads" or name == "gat")
+                    for name, recipe in MODEL_RECIPES.items())
+        + ". A flag given overrides its recipe value")
+    model.add_argument("--model", choices=MODELS, default=d.model,
+                       help="sage = our GraphSAGE (trimmed layers, fused kernels); gcn, gat, gin "
+                            "= PyG's GCN, GAT, GIN models, trimmed per layer with PyG's per-hop "
+                            "counts")
     model.add_argument("--hidden", type=int, default=argparse.SUPPRESS,
                        help="width of every hidden layer (GAT: all heads together)")
     model.add_argument("--heads", type=int, default=argparse.SUPPRESS,
@@ -85,73 +94,91 @@ def build_parser() -> argparse.ArgumentParser:
                        help="PyG's models: normalization after each hidden layer and in GIN's "
                             "MLPs; batch = BatchNorm (batch statistics in training, running "
                             "statistics in evaluation), layer = LayerNorm per node")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--eval-on", choices=EVAL_MODES, default=d.eval_on)
-    p.add_argument("--eval-every", type=int, default=d.eval_every)
-    p.add_argument("--out", default=d.out, help="output folder (default: runs/<timestamp>)")
-    p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler)
-    p.add_argument("--num-workers", type=int, default=d.num_workers,
-                   help="DataLoader worker processes per rank for sampling")
-    p.add_argument("--prefetch", type=int, default=d.prefetch,
-                   help="batches a background thread prepares ahead of training (sampling, "
-                        "gathering, the copy to the GPU on a side stream); 0 turns it off. "
-                        "Default: 1 on GPU ranks with the native sampler, else 0 (on CPU ranks "
-                        "it only took turns with training on the same cores; PyG's sampler has "
-                        "no generator of its own, so runs would not repeat)")
-    p.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
-                   help="seconds a collective may wait for a peer before the job fails")
-    p.add_argument("--amp", choices=AMP_MODES, default=d.amp,
-                   help="bf16 autocast for the model, features stored in bf16 (CPU with "
-                        "AVX512-BF16/AMX, or GPU)")
-    p.add_argument("--compile", action="store_true", default=d.compile,
-                   help="torch.compile the model (dynamic shapes; inductor fuses ReLU and "
-                        "dropout itself). Meant for GPUs; on CPU it measured slower than the "
-                        "default fused kernels")
-    p.add_argument("--inference", choices=INFERENCE_MODES, default=d.inference,
-                   help="layerwise: also evaluate the best model exactly (all neighbours, layer "
-                        "by layer over all nodes, sharded across ranks)")
-    p.add_argument("--graph-on", choices=["auto", "cpu", "gpu"], default=d.graph_on,
-                   help="where GPU ranks keep graph and features: auto = on the GPU if it fits "
-                        "in half its free memory, else shared host memory")
-    p.add_argument("--feature-cache-gb", type=float, default=d.feature_cache_gb,
-                   help="GPU ranks with the graph in host memory cache the most-sampled feature "
-                        "rows on the GPU, up to this size; default: up to a quarter of the free "
-                        "GPU memory; 0 turns it off")
-    p.add_argument("--recipe", choices=RECIPES, default=d.recipe,
-                   help="pyg = PyG's example model as written (untrimmed), the benchmark baseline")
-    p.add_argument("--resume", default=d.resume, metavar="RUN_DIR",
-                   help="continue the run whose checkpoint.pt is in RUN_DIR (writes there too "
-                        "unless --out is given), at the epoch or step it was taken; 'auto': "
-                        "continue from --out's checkpoint if there is one, else start afresh "
-                        "(for torchrun --max-restarts and requeued batch jobs)")
-    p.add_argument("--checkpoint-every-steps", type=int, default=d.checkpoint_every_steps,
-                   metavar="N", help="also write checkpoint.pt inside epochs, every N training "
-                                     "steps (only the newest is kept)")
-    p.add_argument("--checkpoint-every-s", type=float, default=d.checkpoint_every_s,
-                   metavar="S", help="also write checkpoint.pt inside epochs, every S seconds")
-    p.add_argument("--grace-s", type=float, default=d.grace_s,
-                   help="after SIGTERM, SIGINT or SIGHUP the ranks finish their step, write a "
-                        "checkpoint and exit; a rank still running this many seconds later is "
-                        "killed")
-    p.add_argument("--cache-dir", default=d.cache_dir,
-                   help="where converted graphs are kept, so later runs read them instead of "
-                        "converting again (default: $PYG_MGPU_CACHE/graphs, else "
-                        "~/.cache/pyg_mgpu/graphs)")
-    p.add_argument("--no-cache", action="store_true", default=d.no_cache,
-                   help="convert the dataset on every run and keep no cache")
-    p.add_argument("--features-on", choices=FEATURES_ON, default=d.features_on,
-                   help="shm: copy the graph to /dev/shm for the ranks; mmap: the ranks map the "
-                        "graph cache's files, which the kernel pages in as batches read them "
-                        "(for graphs larger than /dev/shm or RAM); auto: mmap when /dev/shm "
-                        "cannot hold the graph")
-    p.add_argument("--profile", action="store_true", help="print per-stage times per epoch")
-    p.add_argument("--debug", action="store_true", help="show full tracebacks")
-    synthetic = p.add_argument_group("synthetic dataset size")
-    for flag in ("num_nodes", "num_edges", "num_features", "num_classes"):
-        synthetic.add_argument("--" + flag.replace("_", "-"), type=int, default=getattr(d, flag))
-    synthetic.add_argument("--split-fractions", type=parse_fractions, default=d.split_fractions,
-                           help="shares of the nodes in the train,val,test splits (the training "
-                                "share sets an epoch's length)")
+    model.add_argument("--recipe", choices=RECIPES, default=d.recipe,
+                       help="pyg = PyG's example model as written (untrimmed), the benchmark "
+                            "baseline")
+
+    training = p.add_argument_group("training")
+    training.add_argument("--epochs", type=int, default=d.epochs)
+    training.add_argument("--batch-size", type=int, default=d.batch_size)
+    training.add_argument("--fanout", type=parse_fanout, default=d.fanout,
+                          help="neighbours per layer, e.g. 25,10 (-1 = all); sets the layer "
+                               "count")
+    training.add_argument("--sampler", choices=SAMPLERS, default=d.sampler)
+    training.add_argument("--seed", type=int, default=d.seed)
+
+    evaluation = p.add_argument_group("evaluation")
+    evaluation.add_argument("--eval-on", choices=EVAL_MODES, default=d.eval_on)
+    evaluation.add_argument("--eval-every", type=int, default=d.eval_every)
+    evaluation.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
+                            help="defaults to --batch-size")
+    evaluation.add_argument("--inference", choices=INFERENCE_MODES, default=d.inference,
+                            help="layerwise: also evaluate the best model exactly (all "
+                                 "neighbours, layer by layer over all nodes, sharded across "
+                                 "ranks)")
+
+    devices = p.add_argument_group("devices and ranks")
+    devices.add_argument("--devices", default=d.devices,
+                         help="auto, cpu, cuda or cuda:0,1,... (cuda:0,0: two ranks on GPU 0, "
+                              "with --backend gloo)")
+    devices.add_argument("--nprocs", type=int, default=d.nprocs,
+                         help="number of ranks (CPU ranks default to 2)")
+    devices.add_argument("--backend", choices=BACKENDS, default=d.backend,
+                         help="process-group backend: auto = NCCL on GPU ranks, gloo on CPU "
+                              "ranks; gloo on GPUs lets several ranks share one GPU (NCCL "
+                              "refuses that), for testing multi-rank logic on one GPU")
+    devices.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s,
+                         help="seconds a collective may wait for a peer before the job fails")
+
+    performance = p.add_argument_group("performance")
+    performance.add_argument("--amp", choices=AMP_MODES, default=d.amp,
+                             help="bf16 autocast for the model, features stored in bf16 (CPU "
+                                  "with AVX512-BF16/AMX, or GPU)")
+    performance.add_argument("--compile", action="store_true", default=d.compile,
+                             help="torch.compile the model (dynamic shapes; inductor fuses ReLU "
+                                  "and dropout itself). Meant for GPUs; on CPU it measured "
+                                  "slower than the default fused kernels")
+    performance.add_argument("--graph-on", choices=["auto", "cpu", "gpu"], default=d.graph_on,
+                             help="where GPU ranks keep graph and features: auto = on the GPU "
+                                  "if it fits in half its free memory, else shared host memory")
+    performance.add_argument("--feature-cache-gb", type=float, default=d.feature_cache_gb,
+                             help="GPU ranks with the graph in host memory cache the "
+                                  "most-sampled feature rows on the GPU, up to this size; "
+                                  "default: up to a quarter of the free GPU memory; 0 turns it "
+                                  "off")
+    performance.add_argument("--num-workers", type=int, default=d.num_workers,
+                             help="DataLoader worker processes per rank for sampling")
+    performance.add_argument("--prefetch", type=int, default=d.prefetch,
+                             help="batches a background thread prepares ahead of training "
+                                  "(sampling, gathering, the copy to the GPU on a side stream); "
+                                  "0 turns it off. Default: 1 on GPU ranks with the native "
+                                  "sampler, else 0 (on CPU ranks it only took turns with "
+                                  "training on the same cores; PyG's sampler has no generator "
+                                  "of its own, so runs would not repeat)")
+    performance.add_argument("--profile", action="store_true",
+                             help="print per-stage times per epoch")
+
+    outputs = p.add_argument_group("outputs")
+    outputs.add_argument("--out", default=d.out,
+                         help="output folder (default: runs/<timestamp>)")
+    outputs.add_argument("--debug", action="store_true", help="show full tracebacks")
+
+    faults = p.add_argument_group("faults, stops and resume")
+    faults.add_argument("--resume", default=d.resume, metavar="RUN_DIR",
+                        help="continue the run whose checkpoint.pt is in RUN_DIR (writes there "
+                             "too unless --out is given), at the epoch or step it was taken; "
+                             "'auto': continue from --out's checkpoint if there is one, else "
+                             "start afresh (for torchrun --max-restarts and requeued batch jobs)")
+    faults.add_argument("--checkpoint-every-steps", type=int, default=d.checkpoint_every_steps,
+                        metavar="N", help="also write checkpoint.pt inside epochs, every N "
+                                          "training steps (only the newest is kept)")
+    faults.add_argument("--checkpoint-every-s", type=float, default=d.checkpoint_every_s,
+                        metavar="S", help="also write checkpoint.pt inside epochs, every S "
+                                          "seconds")
+    faults.add_argument("--grace-s", type=float, default=d.grace_s,
+                        help="after SIGTERM, SIGINT or SIGHUP the ranks finish their step, "
+                             "write a checkpoint and exit; a rank still running this many "
+                             "seconds later is killed")
     return p
 
 
