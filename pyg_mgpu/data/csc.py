@@ -214,7 +214,15 @@ def share_data(data: Data) -> Data:
     """Builds ``data``'s CSC (once) and moves every tensor, CSC included, to shared memory.
 
     Call it in the parent before starting ranks or DataLoader workers: they then map one copy
-    of the graph instead of each building and holding their own.
+    of the graph instead of each building and holding their own. :func:`pyg_mgpu.spawn` calls
+    it for every ``Data`` in its ``args``.
+
+    Example:
+        >>> from torch_geometric.data import Data
+        >>> data = Data(x=torch.randn(4, 8), edge_index=torch.tensor([[1, 2, 3], [0, 0, 0]]))
+        >>> data = pyg_mgpu.share_data(data)
+        >>> data.x.is_shared(), data.edge_index.is_shared()
+        (True, True)
     """
     csc = csc_of(data)
     for key, value in data.items():

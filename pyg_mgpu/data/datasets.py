@@ -130,6 +130,15 @@ def load_dataset(
     Raises:
         DatasetError: for an unknown name, missing files that could not be downloaded, or a
             file whose contents are wrong (the message says which and what to do).
+
+    Example:
+        >>> from pyg_mgpu.data.synthetic import SyntheticSpec
+        >>> data = pyg_mgpu.load_dataset("synthetic", synthetic=SyntheticSpec(
+        ...     num_nodes=100, num_edges=1000, num_features=8, num_classes=3))
+        >>> data.num_nodes, data.num_edges, data.num_features, data.num_classes
+        (100, 1000, 8, 3)
+        >>> int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())
+        (50, 10, 20)
     """
     return load_graph(name, root, seed=seed, synthetic=synthetic, cache_dir=cache_dir,
                       log=lambda line: print(line, file=sys.stderr)).to_data()

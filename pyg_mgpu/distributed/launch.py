@@ -46,7 +46,18 @@ share one GPU (NCCL refuses two ranks on one device): for testing multi-rank log
 
 
 class RankFailed(RuntimeError):
-    """A rank died; the message names the rank and carries its traceback or signal."""
+    """A rank died; the message names the rank and carries its traceback or signal.
+
+    :func:`spawn` raises it in the parent once the other ranks have been ended.
+
+    Example::
+
+        try:
+            pyg_mgpu.spawn(train, args=(data,))
+        except pyg_mgpu.RankFailed as failure:
+            print(failure)  # "rank 1 failed:" and that rank's traceback
+            raise SystemExit(1)
+    """
 
 
 class JobStopped(KeyboardInterrupt):
@@ -55,6 +66,19 @@ class JobStopped(KeyboardInterrupt):
     A ``KeyboardInterrupt`` (as Ctrl-C was before), so ``except Exception`` around a job does
     not swallow a stop. ``signum``: the signal; ``killed_after_grace``: the ranks that had not
     ended within the grace period and were killed.
+
+    Example:
+        >>> import signal
+        >>> stopped = pyg_mgpu.JobStopped(signal.SIGTERM)
+        >>> str(stopped), isinstance(stopped, KeyboardInterrupt)
+        ('stopped by SIGTERM', True)
+
+        Around a job: the exit code a shell expects after a signal::
+
+            try:
+                pyg_mgpu.spawn(train, args=(data,))
+            except pyg_mgpu.JobStopped as stop:
+                raise SystemExit(128 + stop.signum)
     """
 
     def __init__(self, signum: int, killed_after_grace: Sequence[int] = (),
@@ -72,7 +96,24 @@ class JobStopped(KeyboardInterrupt):
 
 @dataclass(frozen=True)
 class RankContext:
-    """Runtime facts of one rank, passed explicitly to the code that needs them."""
+    """Runtime facts of one rank, passed explicitly to the code that needs them.
+
+    :func:`spawn` (and the torchrun entry) hand one to the rank function as its first argument.
+
+    Args:
+        rank: This rank's number, ``0 .. world_size - 1``.
+        world_size: The number of ranks in the job.
+        local_rank: The rank's number on this machine (its GPU index on GPU ranks).
+        device: The rank's device: ``cuda:<local_rank>``, or ``cpu``.
+        backend: The process group's backend, ``nccl`` or ``gloo``.
+
+    Example::
+
+        def train(ctx: pyg_mgpu.RankContext, data):
+            model = GraphSAGE(...).to(ctx.device)
+            if ctx.is_main:  # rank 0
+                print(f"{ctx.world_size} ranks on {ctx.device.type}")
+    """
 
     rank: int
     world_size: int

@@ -77,6 +77,28 @@ class NeighborLoader(PyGNeighborLoader):
         seed: Seeds the epoch permutation (identical on all ranks) and, offset by the rank,
             the sampler's draws. Default 0 with ``distributed``, else drawn from torch's global
             generator.
+
+    Example:
+        Nodes 1, 2 and 3 point to node 0; the batch of seed 0 holds two of them:
+
+        >>> from torch_geometric.data import Data
+        >>> data = Data(x=torch.randn(4, 8), edge_index=torch.tensor([[1, 2, 3, 0],
+        ...                                                           [0, 0, 0, 1]]))
+        >>> loader = pyg_mgpu.NeighborLoader(data, num_neighbors=[2], batch_size=1,
+        ...                                  input_nodes=torch.tensor([0]))
+        >>> batch = next(iter(loader))
+        >>> batch.n_id[:batch.batch_size], batch.num_sampled_nodes, batch.num_sampled_edges
+        (tensor([0]), [1, 2], [2])
+        >>> bool((batch.edge_index[1] == 0).all())  # both edges point into the seed
+        True
+
+        On several ranks, each takes its shard of the seeds, with equal step counts::
+
+            loader = pyg_mgpu.NeighborLoader(data, [25, 10], input_nodes=data.train_mask,
+                                             batch_size=1024, shuffle=True, distributed=True)
+            for epoch in range(epochs):
+                loader.set_epoch(epoch)
+                for batch in loader: ...
     """
 
     def __init__(

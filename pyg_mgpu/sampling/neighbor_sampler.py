@@ -58,6 +58,18 @@ class NeighborSampler(PyGNeighborSampler):
             ``"backward"`` out-neighbours.
         seed: Seed of this sampler's own random generator. Default: drawn once from torch's
             global generator, so ``torch.manual_seed`` makes runs repeat.
+
+    Example:
+        PyG's loaders take it as their ``neighbor_sampler``, e.g. ``LinkNeighborLoader``; on its
+        own, every in-neighbour of node 0 (``-1``):
+
+        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.sampler import NodeSamplerInput
+        >>> data = Data(num_nodes=4, edge_index=torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]]))
+        >>> sampler = pyg_mgpu.NeighborSampler(data, num_neighbors=[-1])
+        >>> out = sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor([0])))
+        >>> out.node, out.row, out.col, out.edge  # local ids; edge: the caller's edge ids
+        (tensor([0, 1, 2, 3]), tensor([1, 2, 3]), tensor([0, 0, 0]), tensor([0, 1, 2]))
     """
 
     def __init__(

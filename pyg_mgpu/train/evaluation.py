@@ -55,6 +55,15 @@ def global_ratio(numerator: Union[float, Tensor], denominator: Union[float, Tens
 
     Raises:
         ValueError: when the (summed) denominator is 0: there was nothing to evaluate.
+
+    Example:
+        >>> pyg_mgpu.global_ratio(3, 5, sum_over_ranks=False)  # 3 of 5 right on this rank
+        0.6
+
+        On every rank of a job, each with its own counts (3 of 4 and 0 of 1 give 0.6, where
+        the mean of the ranks' ratios would be 0.375)::
+
+            acc = pyg_mgpu.global_ratio(correct, count)
     """
     # float64 counts are exact up to 2**53.
     totals = torch.tensor([float(numerator), float(denominator)], dtype=torch.float64)
@@ -96,6 +105,24 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
 
     Returns:
         Correct predictions over evaluated seed nodes, summed over the ranks before dividing.
+
+    Example:
+        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.nn import GraphSAGE
+        >>> data = Data(x=torch.randn(4, 8), y=torch.tensor([0, 1, 2, 0]),
+        ...             edge_index=torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]]))
+        >>> model = GraphSAGE(8, 16, num_layers=2, out_channels=3)
+        >>> loader = pyg_mgpu.NeighborLoader(data, [-1, -1], batch_size=2)
+        >>> acc = pyg_mgpu.accuracy(model, loader, sum_over_ranks=False)  # this rank alone
+        >>> 0.0 <= acc <= 1.0
+        True
+
+        Sharded over the ranks (``distributed=True``), every rank calls it and gets the same
+        accuracy::
+
+            val_loader = pyg_mgpu.NeighborLoader(data, [25, 10], input_nodes=data.val_mask,
+                                                 batch_size=4096, distributed=True)
+            val_acc = pyg_mgpu.accuracy(ddp.module, val_loader)
     """
     device = device or _model_device(model)
     correct = torch.zeros((), dtype=torch.long, device=device)
@@ -141,6 +168,18 @@ def layerwise_inference(model: torch.nn.Module, data: Data, *, batch_size: int =
 
     Raises:
         TypeError: when the model has no ``inference`` method.
+
+    Example:
+        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.nn import GraphSAGE
+        >>> data = Data(x=torch.randn(4, 8), edge_index=torch.tensor([[1, 2, 3, 0],
+        ...                                                           [0, 0, 0, 1]]))
+        >>> model = GraphSAGE(8, 16, num_layers=2, out_channels=3)
+        >>> logits = pyg_mgpu.layerwise_inference(model, data, batch_size=2)
+        >>> logits.shape
+        torch.Size([4, 3])
+        >>> torch.allclose(logits, model(data.x, data.edge_index), atol=1e-6)  # = full graph
+        True
     """
     if not callable(getattr(model, "inference", None)):
         raise TypeError(f"{type(model).__name__} has no inference(loader, device, "

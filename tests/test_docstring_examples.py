@@ -1,0 +1,37 @@
+"""Every name ``pyg_mgpu`` exports documents an example, and the examples that run on their own
+(``>>>``) give what they show. Examples run with ``torch`` and ``pyg_mgpu`` imported, as a
+reader's script would have them."""
+import doctest
+import inspect
+
+import pytest
+import torch
+
+import pyg_mgpu
+
+EXPORTED = [name for name in pyg_mgpu.__all__ if not inspect.ismodule(getattr(pyg_mgpu, name))]
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_the_docstring_has_an_example(name):
+    doc = inspect.getdoc(getattr(pyg_mgpu, name)) or ""
+    assert "Example" in doc or "::" in doc, f"pyg_mgpu.{name}'s docstring shows no example"
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_the_docstring_examples_run(name):
+    tests = doctest.DocTestFinder(recurse=False).find(
+        getattr(pyg_mgpu, name), f"pyg_mgpu.{name}",
+        globs={"torch": torch, "pyg_mgpu": pyg_mgpu})
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in tests:
+        torch.manual_seed(0)
+        runner.run(test)
+    assert runner.failures == 0, f"pyg_mgpu.{name}: see the doctest report above"
+
+
+def test_most_exported_names_have_runnable_examples():
+    runnable = [name for name in EXPORTED
+                if ">>>" in (inspect.getdoc(getattr(pyg_mgpu, name)) or "")]
+    # spawn, RankFailed and RankContext need a job of several processes: shown, not run.
+    assert set(EXPORTED) - set(runnable) <= {"spawn", "RankFailed", "RankContext"}
