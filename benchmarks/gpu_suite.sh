@@ -3,7 +3,8 @@
 # 10-minute device call.
 #
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT tests     # versions, pytest -m gpu
-#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes,
+#                                                          # per-stage profile at 2.4M nodes
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, a stop and resume,
 #                                                          # 2 gloo ranks on one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
@@ -137,6 +138,11 @@ if want sampler; then
       --num-nodes "$2" --num-edges "$3" --fanout 15,10,5 --batch-size 1024 --batches 30 \
       --out "$OUT/sampler_$1"
   done
+  # Where a products-scale step's time goes: --profile synchronizes the GPU after every stage
+  # (sample, gather, forward, backward, optimizer), so each stage's time is its own.
+  step profile_products 300 "$PY" -m pyg_mgpu.distributed_sampling --devices "$DEV" \
+    --num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47 \
+    --fanout 15,10,5 --batch-size 1024 --epochs 2 --profile --out "$OUT/profile_products"
 fi
 
 if want variants; then

@@ -11,18 +11,21 @@ The public API, in pipeline order::
         ...                                                         # your model, DDP, your loop
         val_acc = pyg_mgpu.accuracy(model, val_loader)              # exact over ranks
 
-``NeighborLoader`` and ``NeighborSampler`` are PyG's classes driven by a sampler in plain torch,
+``NeighborLoader``, ``NeighborSampler`` and ``BidirectionalNeighborSampler`` are PyG's classes driven
+by a sampler in plain torch,
 so they need neither pyg-lib nor torch-sparse. See docs/api.md.
 """
 from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.data.datasets import load_dataset
 from pyg_mgpu.distributed.launch import JobStopped, RankContext, RankFailed, spawn
+from pyg_mgpu.sampling.bidirectional import BidirectionalNeighborSampler
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train import evaluation
 from pyg_mgpu.train.evaluation import accuracy, global_ratio, layerwise_inference
 
 __all__ = [
+    "BidirectionalNeighborSampler",
     "JobStopped",
     "NeighborLoader",
     "NeighborSampler",

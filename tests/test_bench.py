@@ -123,7 +123,7 @@ def test_sampler_bench_reports_edges_per_second(tmp_path):
 GPU_SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
 GPU_SUITE_PARTS = {
     "tests": ["env", "pytest_gpu"],
-    "sampler": ["sampler_1m", "sampler_2_4m"],
+    "sampler": ["sampler_1m", "sampler_2_4m", "profile_products"],
     "variants": ["graph_gpu", "graph_cpu_cache", "graph_cpu_mmap", "amp_bf16", "compile",
                  "prefetch2", "layerwise", "eval_all", "resume", "stop_resume", "gloo_2ranks"],
     "full": ["products"],

@@ -16,11 +16,13 @@ from pyg_mgpu.distributed.launch import launch_local, spawn
 from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.nn.sage import GraphSAGE
 from pyg_mgpu.sampling import weighted
+from pyg_mgpu.sampling.bidirectional import BidirectionalNeighborSampler
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train.inference import layerwise_logits
 
 import _gpu_ranks
+from test_bidirectional_sampler import undirected_reach
 from test_neighbor_loader import (WEIGHTS, centres_of_degrees,
                                   check_names_callers_edges, check_per_hop,
                                   check_successive_draws_for_mixed_degrees,
@@ -102,6 +104,18 @@ def test_bidirectional_is_the_sampled_edges_plus_their_reverses_on_cuda():
         return set(zip(out.node[out.row].tolist(), out.node[out.col].tolist()))
     one_way = pairs(directional)
     assert pairs(both) == one_way | {(d, s) for s, d in one_way}
+
+
+def test_bidirectional_sampler_is_the_undirected_neighbourhood_on_cuda():
+    data = random_graph(num_nodes=60, num_edges=150)
+    sampler = BidirectionalNeighborSampler(on_cuda(data), [-1, -1], seed=0)
+    for seeds in ([0], [3, 17]):
+        out = sampler.sample(torch.tensor(seeds, device=CUDA))
+        nodes, edges = undirected_reach(data, seeds, hops=2)
+        assert out.node.is_cuda and set(out.node.tolist()) == nodes
+        assert sorted(out.edge.tolist()) == sorted(edges)
+        ei = data.edge_index.to(CUDA)
+        assert torch.equal(out.node[out.row], ei[0, out.edge])
 
 
 def test_induced_is_every_edge_among_the_sampled_nodes_on_cuda():

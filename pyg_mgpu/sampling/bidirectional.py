@@ -1,0 +1,134 @@
+"""``pyg_mgpu.BidirectionalNeighborSampler``: PyG's sampler of both edge directions, on our draws.
+
+Each hop draws the in-neighbours (``sample_direction="forward"``) and the out-neighbours
+(``"backward"``) of the frontier, merges the two, and makes the nodes not seen before the next
+frontier: PyG's own algorithm (its ``_sample``, ``SamplerOutput.merge_with`` and ``collate``),
+fed by two :class:`~pyg_mgpu.sampling.neighbor_sampler.NeighborSampler` s instead of pyg-lib.
+
+One difference from PyG, on purpose: PyG merges the two directions' edge ids as each sampler
+numbers them (positions in the graph sorted by destination, and by source), then names them all
+with the forward sampler's permutation, so a backward edge's ``e_id`` and attributes can name
+another edge, and an edge drawn from both ends is kept twice. Here both samplers name their edges
+by the caller's ``edge_index`` column before the merge, which therefore removes such duplicates.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.sampler import BidirectionalNeighborSampler as PyGBidirectionalSampler
+from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
+from torch_geometric.sampler.base import NumNeighbors, SubgraphType
+
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+
+
+class _CallerEdgeIds(NeighborSampler):
+    """A :class:`NeighborSampler` whose ``edge`` output is the caller's edge id itself."""
+
+    def _sample(self, seed: Tensor, seed_time: Optional[Tensor] = None,
+                **kwargs) -> SamplerOutput:
+        out = super()._sample(seed, seed_time, **kwargs)
+        if self.perm is not None:
+            out.edge = self.perm.index_select(0, out.edge.long()).to(out.edge.dtype)
+        return out
+
+    @property
+    def edge_permutation(self) -> None:
+        return None  # already applied
+
+
+class BidirectionalNeighborSampler(PyGBidirectionalSampler):
+    """A drop-in for PyG's ``BidirectionalNeighborSampler`` (homogeneous graphs) that needs
+    neither pyg-lib nor torch-sparse: every hop samples each frontier node's in-neighbours and
+    its out-neighbours, ``num_neighbors[i]`` of each.
+
+    Args:
+        data: The graph; its ``edge_index`` may be int64 or int32, on CPU or CUDA.
+        num_neighbors: Neighbours per hop and direction (a list; ``-1`` keeps all of them).
+            PyG's per-edge-type dict is refused, as PyG refuses it.
+        subgraph_type, replace, weight_attr, is_sorted, share_memory, directed:
+            As for :class:`pyg_mgpu.NeighborSampler`, applied in both directions.
+        disjoint: One tree per seed, told apart by the seed node (a seed listed twice gives
+            one tree, as in PyG's merge); one hop only (past it PyG's algorithm mixes trees).
+        temporal_strategy, time_attr: Temporal sampling is not supported (PyG's class does not
+            support it either).
+        seed: Seed of the two samplers' random generators (the backward one takes
+            ``seed + 1``). Default: drawn once from torch's global generator.
+
+    Example:
+        Node 0 has one in-edge (from 1) and one out-edge (to 2); both are sampled, named by
+        their column in ``edge_index``:
+
+        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.sampler import NodeSamplerInput
+        >>> data = Data(num_nodes=4, edge_index=torch.tensor([[0, 1, 3], [2, 0, 1]]))
+        >>> sampler = pyg_mgpu.BidirectionalNeighborSampler(data, num_neighbors=[-1])
+        >>> out = sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor([0])))
+        >>> sorted(out.node.tolist()), sorted(out.edge.tolist())
+        ([0, 1, 2], [0, 1])
+
+        With PyG's loaders, pass it as ``neighbor_sampler``::
+
+            loader = pyg_mgpu.NeighborLoader(data, [10, 5], neighbor_sampler=sampler,
+                                             batch_size=128, input_nodes=data.train_mask)
+    """
+
+    def __init__(
+        self,
+        data: Data,
+        num_neighbors,
+        subgraph_type: Union[SubgraphType, str] = "directional",
+        replace: bool = False,
+        disjoint: bool = False,
+        temporal_strategy: str = "uniform",
+        time_attr: Optional[str] = None,
+        weight_attr: Optional[str] = None,
+        is_sorted: bool = False,
+        share_memory: bool = False,
+        directed: bool = True,
+        *,
+        seed: Optional[int] = None,
+    ):
+        # PyG's __init__ is not called: it would build PyG's own two samplers.
+        values = num_neighbors.values if isinstance(num_neighbors, NumNeighbors) else num_neighbors
+        if isinstance(values, dict):
+            raise RuntimeError("BidirectionalNeighborSampler samples with one list of "
+                               "neighbour counts per hop (as PyG's does); pass a list, not a "
+                               "dict per edge type.")
+        if seed is None:
+            seed = int(torch.randint(2**62, (), dtype=torch.long))
+        settings = dict(subgraph_type=subgraph_type, replace=replace, disjoint=disjoint,
+                        temporal_strategy=temporal_strategy, time_attr=time_attr,
+                        weight_attr=weight_attr, is_sorted=is_sorted, share_memory=share_memory,
+                        directed=directed)
+        self.forward_sampler = _CallerEdgeIds(data, num_neighbors, sample_direction="forward",
+                                              seed=seed, **settings)
+        self.backward_sampler = _CallerEdgeIds(data, num_neighbors, sample_direction="backward",
+                                               seed=seed + 1, **settings)
+        self.num_neighbors = num_neighbors  # PyG's setter (it warns above one hop, as PyG does)
+        self.subgraph_type = subgraph_type
+        self._check_disjoint_hops()
+
+    def _check_disjoint_hops(self) -> None:
+        # PyG's algorithm looks up the next frontier's trees by the samplers' batch ids, which
+        # number the current frontier, not the trees: past the first hop it fails or mixes trees.
+        if self.disjoint and self.num_neighbors.num_hops > 1:
+            raise ValueError("BidirectionalNeighborSampler with disjoint=True samples one hop "
+                             "only: PyG's algorithm, which it runs, loses track of the trees "
+                             "after the first hop. Use disjoint=False, or num_neighbors with "
+                             "one entry.")
+
+    def _sample(self, seed, seed_time=None, **kwargs) -> SamplerOutput:
+        self._check_disjoint_hops()  # loaders may have reassigned num_neighbors
+        return super()._sample(seed, seed_time, **kwargs)
+
+    @property
+    def edge_permutation(self) -> None:
+        return None  # both samplers name the caller's edges already
+
+    def sample(self, seeds: Tensor) -> SamplerOutput:
+        """The sampled subgraph around ``seeds`` (node ids), without a loader."""
+        return self.sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds))
