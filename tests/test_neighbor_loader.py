@@ -564,8 +564,8 @@ def test_bad_input_says_what_to_do():
         NeighborLoader(data, [2], batch_size=4, distributed=True)
     with pytest.raises(ValueError, match="torch_geometric.loader.NeighborLoader"):
         NeighborLoader(HeteroData(), [2])
-    with pytest.raises(ValueError, match="temporal"):
-        NeighborLoader(data, [2], time_attr="x", input_time=torch.zeros(200))
+    with pytest.raises(ValueError, match="time_attr='nope' is not a tensor attribute"):
+        NeighborLoader(data, [2], time_attr="nope", input_time=torch.zeros(200))
     with pytest.raises(ValueError, match="is_sorted"):
         NeighborSampler(random_graph(seed=3), [2], is_sorted=True)
     data.w = -torch.ones(data.num_edges)

@@ -53,8 +53,8 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
             As for :class:`pyg_mgpu.NeighborSampler`, applied in both directions.
         disjoint: One tree per seed, told apart by the seed node (a seed listed twice gives
             one tree, as in PyG's merge); one hop only (past it PyG's algorithm mixes trees).
-        temporal_strategy, time_attr: Temporal sampling is not supported (PyG's class does not
-            support it either).
+        temporal_strategy, time_attr: Temporal sampling is refused (PyG's class refuses it
+            too); :class:`pyg_mgpu.NeighborSampler` does it.
         seed: Seed of the two samplers' random generators (the backward one takes
             ``seed + 1``). Default: drawn once from torch's global generator.
 
@@ -98,6 +98,10 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
             raise RuntimeError("BidirectionalNeighborSampler samples with one list of "
                                "neighbour counts per hop (as PyG's does); pass a list, not a "
                                "dict per edge type.")
+        if time_attr is not None:
+            raise ValueError("BidirectionalNeighborSampler does not do temporal sampling "
+                             "(neither does PyG's); use pyg_mgpu.NeighborSampler with "
+                             "time_attr.")
         if seed is None:
             seed = int(torch.randint(2**62, (), dtype=torch.long))
         settings = dict(subgraph_type=subgraph_type, replace=replace, disjoint=disjoint,

@@ -27,7 +27,8 @@ from pyg_mgpu.sampling.weighted import EdgeWeights, weighted_without_replacement
 def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
               weights: Optional[EdgeWeights] = None,
               generator: Optional[torch.Generator] = None,
-              offset_type: torch.dtype = torch.int64) -> tuple[Tensor, Tensor]:
+              offset_type: torch.dtype = torch.int64,
+              runs: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor]:
     """Samples the in-edges of every node in ``dst`` for one hop.
 
     Args:
@@ -39,13 +40,18 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
             for weighted draws.
         generator: Random generator on ``colptr``'s device.
         offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
+        runs: ``(start, end)`` CSC positions per node of ``dst`` to draw from instead of its
+            whole run (temporal sampling: the edges old enough).
 
     Returns:
         ``(local_dst, edge)``: position of each kept edge's destination in ``dst``, and the
         edge's CSC position, both int64.
     """
-    start = colptr.index_select(0, dst)  # index_select, not tensor[index]: ~2.5x faster on CPU
-    deg = colptr[1:].index_select(0, dst).sub_(start)
+    if runs is None:
+        start = colptr.index_select(0, dst)  # index_select, not tensor[index]: ~2.5x faster on CPU
+        deg = colptr[1:].index_select(0, dst).sub_(start)
+    else:
+        start, deg = runs[0], runs[1] - runs[0]
     if fanout < 0:
         count = deg
     elif replace:

@@ -126,10 +126,6 @@ class NeighborLoader(PyGNeighborLoader):
         seed: Optional[int] = None,
         **kwargs,
     ):
-        if input_time is not None:
-            raise ValueError("pyg_mgpu.NeighborLoader does not do temporal sampling "
-                             "(input_time); use torch_geometric.loader.NeighborLoader with "
-                             "pyg-lib.")
         self.epoch_sampler: Optional[EpochBatchSampler] = None
         if distributed:
             rank, world_size = _rank_and_world_size(rank, world_size)
@@ -145,7 +141,8 @@ class NeighborLoader(PyGNeighborLoader):
                 share_memory=kwargs.get("num_workers", 0) > 0, directed=directed,
                 # Each rank draws its own samples; the permutation above is shared.
                 seed=None if seed is None else seed * 1009 + (rank or 0))
-        super().__init__(data, num_neighbors, input_nodes=input_nodes, transform=transform,
+        super().__init__(data, num_neighbors, input_nodes=input_nodes, input_time=input_time,
+                         time_attr=time_attr, transform=transform,
                          transform_sampler_output=transform_sampler_output,
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)

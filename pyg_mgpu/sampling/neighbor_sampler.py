@@ -11,7 +11,9 @@ Same constructor, same :class:`~torch_geometric.sampler.SamplerOutput`, same sem
 - ``subgraph_type``: ``directional`` (the sampled edges), ``bidirectional`` (plus their reverses,
   by PyG's own post-processing), ``induced`` (every edge among the sampled nodes);
 - ``disjoint=True``: a separate tree per seed (``batch`` says whose); ``replace=True``: draws with
-  replacement; ``weight_attr``: draws proportional to an edge attribute (see :mod:`.draws`).
+  replacement; ``weight_attr``: draws proportional to an edge attribute (see :mod:`.draws`);
+  ``time_attr``: temporal sampling, only neighbours no later than their seed (see
+  :mod:`.temporal`).
 
 The graph's CSC is built once per ``Data`` and shared (:mod:`pyg_mgpu.data.csc`); sampling runs
 on the device that holds ``edge_index``.
@@ -30,6 +32,7 @@ from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import CSC, csc_of
+from pyg_mgpu.sampling import temporal
 from pyg_mgpu.sampling.draws import hop_edges
 from pyg_mgpu.sampling.weighted import EdgeWeights, edge_weights
 
@@ -48,8 +51,12 @@ class NeighborSampler(PyGNeighborSampler):
         subgraph_type: ``"directional"``, ``"bidirectional"`` or ``"induced"``.
         replace: Draw with replacement.
         disjoint: One separate subgraph per seed node.
-        temporal_strategy: Accepted for PyG's signature; temporal sampling is not supported.
-        time_attr: Not supported (raises): use PyG's sampler with pyg-lib.
+        temporal_strategy: With ``time_attr``: ``"uniform"`` draws among the eligible
+            neighbours, ``"last"`` keeps the most recent ``num_neighbors[i]`` of them.
+        time_attr: A node or edge attribute of timestamps: temporal sampling, as PyG's with
+            pyg-lib. A neighbour is eligible when its timestamp (the node's, or the edge's) is
+            at most its seed's time (the loader's ``input_time``, else the seed node's own
+            timestamp), and every seed grows its own tree (``disjoint``, as in PyG).
         weight_attr: Name of an edge attribute of ``data`` holding non-negative sampling weights.
         is_sorted: ``edge_index`` is already sorted by destination (skips the sort; checked).
         share_memory: Move the graph's CSC to shared memory (for DataLoader workers).
@@ -103,10 +110,26 @@ class NeighborSampler(PyGNeighborSampler):
         self.data_type = DataType.homogeneous
         self.num_nodes = data.num_nodes
         self.node_time = self.edge_time = None
+        if time_attr is not None:
+            self.node_time, self.edge_time = temporal.time_of(data, time_attr)
+            if weight_attr is not None:
+                raise ValueError("weighted temporal sampling is not supported (weight_attr with "
+                                 "time_attr); pass one of them.")
+            if temporal_strategy not in temporal.STRATEGIES:
+                raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
+                                 f"{temporal_strategy!r}.")
         self.csc = csc_of(data, is_sorted=is_sorted, transpose=sample_direction == "backward")
         if share_memory and not self.csc.row.is_cuda:
             self.csc.share_memory_()
         self.colptr, self.row, self.perm = self.csc.colptr, self.csc.row, self.csc.perm
+        self._by_time: Optional[temporal.TemporalCSC] = None
+        if time_attr is not None:
+            # This sampler's own copy of the sources and edge ids, sorted by time in each run.
+            self._by_time = temporal.sort_by_time(self.csc, self.node_time, self.edge_time)
+            if share_memory and not self._by_time.row.is_cuda:
+                for t in (self._by_time.row, self._by_time.perm, self._by_time.time):
+                    t.share_memory_()
+            self.row, self.perm = self._by_time.row, self._by_time.perm
         # Outputs are int32 for an int32 edge_index, as PyG's are.
         self.index_dtype = torch.int32 if data.edge_index.dtype == torch.int32 else torch.long
         self.weights = _csc_weights(data, weight_attr, self.csc, replace)
@@ -114,9 +137,13 @@ class NeighborSampler(PyGNeighborSampler):
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.replace = replace
         self.subgraph_type = SubgraphType(subgraph_type)
-        self.disjoint = disjoint
+        self.disjoint = disjoint  # PyG's property: always True when temporal
         self.temporal_strategy = temporal_strategy
         self.keep_orig_edges = False
+        if self.is_temporal and self.subgraph_type == SubgraphType.induced:
+            raise ValueError("temporal sampling grows one tree per seed (disjoint), which "
+                             "subgraph_type='induced' does not support (neither does PyG); use "
+                             "'directional' or 'bidirectional'.")
         if self.disjoint and self.subgraph_type == SubgraphType.induced:
             raise ValueError("'disjoint' sampling is not supported with "
                              "subgraph_type='induced' (neither is it in PyG); use "
@@ -174,11 +201,16 @@ class NeighborSampler(PyGNeighborSampler):
         loaders)."""
         if isinstance(seed, dict):
             raise ValueError(_HETERO_ERROR)
-        if seed_time is not None:
-            raise ValueError(_TEMPORAL_ERROR)
         self._reseed_in_worker()
         seed = seed.to(device=self.device, dtype=torch.long)
-        out = self._sample_disjoint(seed) if self.disjoint else self._sample_joint(seed)
+        if self.is_temporal:
+            times = temporal.seed_times(seed, seed_time, self.node_time)
+            out = self._sample_disjoint(seed, times)
+        elif seed_time is not None:
+            raise ValueError("input_time was given, but the sampler has no time_attr; pass "
+                             "time_attr (the node or edge timestamps) for temporal sampling.")
+        else:
+            out = self._sample_disjoint(seed) if self.disjoint else self._sample_joint(seed)
         if self.sample_direction == "backward":
             out.row, out.col = out.col, out.row
         if self.index_dtype != torch.long:  # PyG's outputs take the graph's index type
@@ -188,13 +220,22 @@ class NeighborSampler(PyGNeighborSampler):
                     setattr(out, name, value.to(self.index_dtype))
         return out
 
-    def _draw(self, frontier: Tensor, fanout: int) -> tuple[Tensor, Tensor]:
+    def _draw(self, frontier: Tensor, fanout: int,
+              time_limit: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         if fanout == 0:
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             return empty, empty
+        runs = None
+        if time_limit is not None:  # only edges no later than each node's seed time
+            end = temporal.eligible_ends(self.colptr, self._by_time, frontier, time_limit)
+            start = self.colptr.index_select(0, frontier)
+            if self.temporal_strategy == "last" and fanout >= 0:
+                start = torch.maximum(start, end - fanout)  # the most recent ones, all kept
+                fanout = -1
+            runs = (start, end)
         return hop_edges(self.colptr, frontier, fanout, replace=self.replace,
-                         weights=self.weights,
-                         generator=self.generator, offset_type=self._offset_type)
+                         weights=self.weights, generator=self.generator,
+                         offset_type=self._offset_type, runs=runs)
 
     def _sample_joint(self, seed: Tensor) -> SamplerOutput:
         """One shared subgraph for all seeds: each node appears once."""
@@ -267,11 +308,12 @@ class NeighborSampler(PyGNeighborSampler):
         return (src_local.index_select(0, kept), dst_local,
                 edge.index_select(0, kept).long())
 
-    def _sample_disjoint(self, seed: Tensor) -> SamplerOutput:
+    def _sample_disjoint(self, seed: Tensor, times: Optional[Tensor] = None) -> SamplerOutput:
         """A separate tree per seed: a node reached from two seeds appears twice.
 
         A node of the batch is the pair (seed index, node id), deduplicated per hop against the
-        pairs seen so far through sorted int64 keys ``seed_index * N + node``.
+        pairs seen so far through sorted int64 keys ``seed_index * N + node``. With ``times``
+        (temporal sampling), tree ``i`` only takes edges no later than ``times[i]``.
         """
         n = self.num_nodes
         batch = torch.arange(seed.numel(), device=self.device)
@@ -283,7 +325,8 @@ class NeighborSampler(PyGNeighborSampler):
         rows, cols, edges = [], [], []
         num_sampled_nodes, num_sampled_edges = [seed.numel()], []
         for fanout in self.fanouts:
-            local_dst, edge = self._draw(frontier, fanout)
+            limit = None if times is None else times.index_select(0, frontier_batch)
+            local_dst, edge = self._draw(frontier, fanout, limit)
             nbr = self.row.index_select(0, edge).long()
             nbr_batch = frontier_batch.index_select(0, local_dst)
             keys = nbr_batch * n + nbr
@@ -320,8 +363,6 @@ class NeighborSampler(PyGNeighborSampler):
 _HETERO_ERROR = ("pyg_mgpu.NeighborSampler samples homogeneous graphs (torch_geometric.data.Data)"
                  " only; for HeteroData or (FeatureStore, GraphStore) use "
                  "torch_geometric.loader.NeighborLoader with pyg-lib.")
-_TEMPORAL_ERROR = ("pyg_mgpu.NeighborSampler does not do temporal sampling (time_attr / "
-                   "input_time); use torch_geometric.loader.NeighborLoader with pyg-lib.")
 
 
 def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> None:
@@ -332,8 +373,6 @@ def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> N
                          f"{sample_direction!r}.")
     if time_attr is not None and sample_direction == "backward":
         raise NotImplementedError("Temporal Sampling not yet supported for backward sampling")
-    if time_attr is not None:
-        raise ValueError(_TEMPORAL_ERROR)
 
 
 def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,

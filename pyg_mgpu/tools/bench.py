@@ -320,7 +320,9 @@ def run_sampler_bench(args) -> dict:
                      "device": str(device)}
     # A PyG user's graph: an edge list with an edge attribute, converted to CSC once.
     data = Data(edge_index=graph.edge_index(), num_nodes=graph.num_nodes,
-                weight=torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(0)))
+                weight=torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(0)),
+                time=torch.randint(1000, (graph.num_nodes,),
+                                   generator=torch.Generator().manual_seed(1)))
     if on_gpu:  # graph, weights and seeds on the GPU: the samplers run there
         data, seeds = data.to(device), seeds.to(device)
 
@@ -333,6 +335,15 @@ def run_sampler_bench(args) -> dict:
     for mode in SAMPLER_MODES:
         results[f"{mode}_vs_directional"] = (results[f"{mode}_1_thread"]
                                              / results["directional_1_thread"])
+    # Temporal sampling (random node timestamps; each seed's own as its time) grows a tree
+    # per seed, as PyG's does: timed in turn with directional and disjoint.
+    timed = {"directional": samplers["directional"], "disjoint": samplers["disjoint"],
+             "temporal": NeighborSampler(data, fanout, seed=0, time_attr="time")}
+    rates = _interleaved_edges_per_s(timed, seeds.split(args.batch_size), args.batches, sync,
+                                     _cache_evictor(device))
+    results["temporal_1_thread"] = rates["temporal"]
+    results["temporal_vs_directional"] = rates["temporal"] / rates["directional"]
+    results["temporal_vs_disjoint"] = rates["temporal"] / rates["disjoint"]
 
     if on_gpu:  # keys keep their CPU names ("_1_thread"); "device" says where they ran
         def ours_on_gpu():

@@ -1,0 +1,98 @@
+"""Temporal neighbour sampling, as PyG defines it (``time_attr``, ``input_time``,
+``temporal_strategy``) for pyg-lib: a neighbour is eligible when its timestamp (the node's, or
+the edge's) is at most its tree's seed time, and every seed grows its own tree (``disjoint``).
+
+The CSC is re-sorted once by time inside each destination's run, so a node's eligible in-edges
+are a prefix of its run: a binary search per frontier node finds the prefix's end, and the
+draws of :mod:`pyg_mgpu.sampling.draws` pick from it, uniformly (``"uniform"``), or its last
+``fanout`` edges, the most recent (``"last"``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_mgpu.data.csc import CSC
+
+STRATEGIES = ("uniform", "last")
+
+
+@dataclass
+class TemporalCSC:
+    """A CSC whose runs are sorted by time, with each position's timestamp.
+
+    Attributes:
+        row: Source node of each position (the CSC's ``row``, re-sorted).
+        perm: The caller's edge id at each position.
+        time: The timestamp each position is judged by: its source node's, or the edge's.
+        search_steps: Binary-search steps that cover the longest run.
+    """
+
+    row: Tensor
+    perm: Tensor
+    time: Tensor
+    search_steps: int
+
+
+def time_of(data: Data, time_attr: str) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """``(node_time, edge_time)``: ``data[time_attr]`` as a node or an edge attribute."""
+    if time_attr not in data or not isinstance(data[time_attr], Tensor):
+        raise ValueError(f"time_attr={time_attr!r} is not a tensor attribute of the graph.")
+    value = data[time_attr]
+    if value.dim() == 1 and value.numel() == data.num_nodes and data.is_node_attr(time_attr):
+        return value, None
+    if value.dim() == 1 and value.numel() == data.num_edges and data.is_edge_attr(time_attr):
+        return None, value
+    raise ValueError(f"time_attr={time_attr!r} must hold one timestamp per node "
+                     f"([{data.num_nodes}]) or per edge ([{data.num_edges}]), got "
+                     f"{tuple(value.shape)}.")
+
+
+def sort_by_time(csc: CSC, node_time: Optional[Tensor], edge_time: Optional[Tensor]) -> TemporalCSC:
+    """``csc`` with every destination's run sorted by time (ties keep their order)."""
+    device = csc.row.device
+    perm = csc.perm if csc.perm is not None else torch.arange(csc.num_edges, device=device)
+    if node_time is not None:
+        time = node_time.to(device).index_select(0, csc.row.long())
+    else:
+        time = edge_time.to(device).index_select(0, perm.long())
+    degree = csc.colptr.diff()
+    column = torch.repeat_interleave(torch.arange(csc.num_nodes, device=device), degree,
+                                     output_size=csc.num_edges)
+    order = torch.argsort(time, stable=True)
+    order = order.index_select(0, torch.argsort(column.index_select(0, order), stable=True))
+    longest = int(degree.max()) if degree.numel() else 0
+    return TemporalCSC(row=csc.row.index_select(0, order), perm=perm.index_select(0, order),
+                       time=time.index_select(0, order), search_steps=longest.bit_length())
+
+
+def eligible_ends(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor) -> Tensor:
+    """Per node of ``dst``: the end of its run's prefix whose timestamps are <= ``limit``."""
+    lo = colptr.index_select(0, dst)
+    hi = colptr[1:].index_select(0, dst)
+    last = max(tcsc.time.numel() - 1, 0)
+    for _ in range(tcsc.search_steps):  # a fixed count: no host read per hop
+        open_ = lo < hi
+        mid = (lo + hi) // 2
+        right = tcsc.time.index_select(0, mid.clamp(max=last)) <= limit
+        lo = torch.where(open_ & right, mid + 1, lo)
+        hi = torch.where(open_ & ~right, mid, hi)
+    return lo
+
+
+def seed_times(seed: Tensor, seed_time: Optional[Tensor],
+               node_time: Optional[Tensor]) -> Tensor:
+    """Each seed's time: ``input_time`` where given, else the seed node's own timestamp."""
+    if seed_time is not None:
+        if seed_time.numel() != seed.numel():
+            raise ValueError(f"input_time has {seed_time.numel()} entries for {seed.numel()} "
+                             "seed nodes; give one time per input node.")
+        return seed_time.to(seed.device)
+    if node_time is None:
+        raise ValueError("temporal sampling with edge timestamps needs a time per seed: pass "
+                         "input_time (the loader's) with the input nodes.")
+    return node_time.to(seed.device).index_select(0, seed)
