@@ -5,11 +5,13 @@ and CLI runs with each GPU option. Every test here skips without CUDA.
 Run on a GPU machine with ``python -m pytest -q -m gpu`` (benchmarks/gpu_suite.sh does).
 """
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from scipy.stats import chisquare
 from torch_geometric.data import Data
+from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed.launch import launch_local, spawn
@@ -23,6 +25,7 @@ from pyg_mgpu.train.inference import layerwise_logits
 
 import _gpu_ranks
 from test_bidirectional_sampler import undirected_reach
+from test_temporal_sampling import reference_trees, timed_graph, tree_of
 from test_neighbor_loader import (WEIGHTS, centres_of_degrees,
                                   check_names_callers_edges, check_per_hop,
                                   check_successive_draws_for_mixed_degrees,
@@ -116,6 +119,23 @@ def test_bidirectional_sampler_is_the_undirected_neighbourhood_on_cuda():
         assert sorted(out.edge.tolist()) == sorted(edges)
         ei = data.edge_index.to(CUDA)
         assert torch.equal(out.node[out.row], ei[0, out.edge])
+
+
+@pytest.mark.parametrize("time_attr", ["time", "edge_time"])
+def test_temporal_takes_every_eligible_neighbour_on_cuda(time_attr):
+    data = timed_graph()
+    sampler = NeighborSampler(on_cuda(data), [-1, -1], time_attr=time_attr, seed=0)
+    seeds, times = [0, 5, 5, 17], torch.tensor([60, 10, 79, 40])
+    out = sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor(seeds, device=CUDA),
+                                                     time=times.to(CUDA)))
+    assert out.node.is_cuda
+    out = SamplerOutput(node=out.node.cpu(), row=out.row.cpu(), col=out.col.cpu(),
+                        edge=out.edge.cpu(), batch=out.batch.cpu())
+    perm = sampler.edge_permutation
+    on_host = SimpleNamespace(edge_permutation=None if perm is None else perm.cpu())
+    reference = reference_trees(data, seeds, times.tolist(), 2, time_attr == "time")
+    for tree, (nodes, edges) in enumerate(reference):
+        assert tree_of(out, tree, on_host) == (nodes, edges), tree
 
 
 def test_induced_is_every_edge_among_the_sampled_nodes_on_cuda():
