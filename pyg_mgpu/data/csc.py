@@ -86,7 +86,8 @@ def edge_chunks(src: Tensor, dst: Tensor, chunk: int = CHUNK_EDGES) -> EdgeChunk
 
 
 def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = True,
-                    device: Optional[torch.device] = None) -> CSC:
+                    device: Optional[torch.device] = None,
+                    num_src_nodes: Optional[int] = None) -> CSC:
     """Groups edges by destination with a two-pass counting sort over chunks.
 
     The result equals a global stable sort by destination (each node's in-edges keep their
@@ -94,12 +95,16 @@ def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = Tru
     output (``row``: 4 bytes per edge where node ids fit in int32, ``perm`` when kept) is all
     that grows with the graph. ``perm`` is None when the edges already came sorted.
 
+    ``num_src_nodes``: the count of source nodes where they are another type than the
+    destinations (a heterogeneous edge type); default ``num_nodes``.
+
     Raises:
-        ValueError: a node id lies outside ``[0, num_nodes)``.
+        ValueError: a node id lies outside ``[0, num_nodes)`` (sources: ``num_src_nodes``).
     """
     # Pass 1: in-degrees, range and whether the edges already come grouped.
+    num_src = num_nodes if num_src_nodes is None else num_src_nodes
     counts = None
-    num_edges, lo, hi, is_sorted, last = 0, 0, -1, True, None
+    num_edges, lo, hi, hi_src, is_sorted, last = 0, 0, -1, -1, True, None
     for src, dst in chunks():
         if counts is None:
             device = device or dst.device
@@ -107,10 +112,15 @@ def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = Tru
         if dst.numel() == 0:
             continue
         lo = min(lo, int(src.min()), int(dst.min()))
-        hi = max(hi, int(src.max()), int(dst.max()))
-        if lo < 0 or hi >= num_nodes:
+        hi, hi_src = max(hi, int(dst.max())), max(hi_src, int(src.max()))
+        if num_src_nodes is None and (lo < 0 or max(hi, hi_src) >= num_nodes):
             raise ValueError(f"edge_index holds node ids outside [0, {num_nodes}) (min {lo}, "
-                             f"max {hi}); set data.num_nodes or fix the ids.")
+                             f"max {max(hi, hi_src)}); set data.num_nodes or fix the ids.")
+        if lo < 0 or hi >= num_nodes or hi_src >= num_src:
+            raise ValueError(f"edge_index holds node ids outside [0, {num_src}) for sources or "
+                             f"[0, {num_nodes}) for destinations (min {lo}, max source "
+                             f"{hi_src}, max destination {hi}); set each node type's num_nodes "
+                             "or fix the ids.")
         if is_sorted:
             is_sorted = (last is None or int(dst[0]) >= last) and not (
                 dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()))
@@ -125,7 +135,8 @@ def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = Tru
     del counts
 
     # Pass 2: each chunk's edges go to the next free slots of their destinations.
-    row = torch.empty(num_edges, dtype=index_dtype(num_nodes), device=colptr.device)
+    row = torch.empty(num_edges, dtype=index_dtype(max(num_nodes, num_src)),
+                      device=colptr.device)
     perm = (torch.empty(num_edges, dtype=index_dtype(num_edges), device=colptr.device)
             if keep_perm and not is_sorted else None)
     cursor = colptr[:-1].clone() if not is_sorted else None
@@ -151,7 +162,7 @@ def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = Tru
 
 
 def build_csc(edge_index: Tensor, num_nodes: int, is_sorted: bool = False,
-              transpose: bool = False) -> CSC:
+              transpose: bool = False, num_src_nodes: Optional[int] = None) -> CSC:
     """Converts ``[2, E]`` (source, destination) ids to CSC on ``edge_index``'s device.
 
     ``is_sorted=True`` promises that ``edge_index`` is already sorted by destination (PyG's
@@ -167,7 +178,8 @@ def build_csc(edge_index: Tensor, num_nodes: int, is_sorted: bool = False,
     src, dst = (edge_index[1], edge_index[0]) if transpose else (edge_index[0], edge_index[1])
     # On a GPU one chunk is fastest, and the memory is the GPU's.
     chunk = CHUNK_EDGES if not edge_index.is_cuda else max(1, dst.numel())
-    csc = csc_from_chunks(edge_chunks(src, dst, chunk), num_nodes, device=edge_index.device)
+    csc = csc_from_chunks(edge_chunks(src, dst, chunk), num_nodes, device=edge_index.device,
+                          num_src_nodes=num_src_nodes)
     if is_sorted and not transpose and csc.perm is not None:
         raise ValueError("is_sorted=True, but edge_index is not sorted by destination "
                          "(edge_index[1]); pass is_sorted=False.")

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
 from torch_geometric.loader.utils import get_input_nodes
 
@@ -127,6 +127,10 @@ class NeighborLoader(PyGNeighborLoader):
         **kwargs,
     ):
         self.epoch_sampler: Optional[EpochBatchSampler] = None
+        if distributed and isinstance(data, HeteroData):
+            raise ValueError("distributed=True takes a Data graph; for HeteroData, shard "
+                             "input_nodes over the ranks yourself (e.g. index[rank::world_size])"
+                             " for now.")
         if distributed:
             rank, world_size = _rank_and_world_size(rank, world_size)
             seed = 0 if seed is None else seed
@@ -164,7 +168,12 @@ class NeighborLoader(PyGNeighborLoader):
     def filter_fn(self, out):
         # A batch is a shallow copy of the graph; it must not carry the graph's CSC along
         # (DataLoader workers would pickle it with every batch).
-        batch = drop_cached_csc(super().filter_fn(out))
+        batch = super().filter_fn(out)
+        if isinstance(batch, HeteroData):
+            for store in batch.edge_stores:  # each edge type's CSC is cached with its store
+                drop_cached_csc(store)
+            return batch
+        batch = drop_cached_csc(batch)
         if "e_id" in batch:  # the CSC stores the edge permutation as int32 where it fits
             batch.e_id = batch.e_id.long()
         return batch

@@ -79,6 +79,14 @@ class NeighborSampler(PyGNeighborSampler):
         (tensor([0, 1, 2, 3]), tensor([1, 2, 3]), tensor([0, 0, 0]), tensor([0, 1, 2]))
     """
 
+    def __new__(cls, data=None, *args, **kwargs):
+        # PyG's class takes Data and HeteroData alike: a HeteroData gets the heterogeneous
+        # sampler (pyg_mgpu.sampling.hetero), built from the same per-hop draws.
+        if cls is NeighborSampler and isinstance(data, HeteroData):
+            from pyg_mgpu.sampling.hetero import HeteroNeighborSampler
+            cls = HeteroNeighborSampler
+        return super().__new__(cls)
+
     def __init__(
         self,
         data: Data,
@@ -360,13 +368,13 @@ class NeighborSampler(PyGNeighborSampler):
             self._seeded_for_worker = info.id
 
 
-_HETERO_ERROR = ("pyg_mgpu.NeighborSampler samples homogeneous graphs (torch_geometric.data.Data)"
-                 " only; for HeteroData or (FeatureStore, GraphStore) use "
-                 "torch_geometric.loader.NeighborLoader with pyg-lib.")
+_HETERO_ERROR = ("pyg_mgpu.NeighborSampler samples torch_geometric.data.Data and HeteroData; "
+                 "for (FeatureStore, GraphStore) inputs use torch_geometric.loader.NeighborLoader "
+                 "with pyg-lib.")
 
 
 def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> None:
-    if isinstance(data, HeteroData) or not isinstance(data, Data):
+    if not isinstance(data, Data):  # a HeteroData gets HeteroNeighborSampler (__new__)
         raise ValueError(_HETERO_ERROR)
     if sample_direction not in ("forward", "backward"):
         raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
