@@ -114,6 +114,26 @@ def test_fanout_per_edge_type_bounds_each_destination():
             assert sum(batch[t].num_sampled_nodes) == batch[t].num_nodes
 
 
+def test_distributed_shards_take_every_seed_once_in_equal_steps():
+    data = academic_graph()
+    mask = torch.zeros(data["paper"].num_nodes, dtype=torch.bool)
+    mask[::3] = True  # 20 seeds over 2 ranks, batches of 3: 4 steps each
+    for epoch in range(2):
+        seeds, steps = [], []
+        for rank in range(2):
+            loader = pyg_mgpu.NeighborLoader(data, [2, 2], input_nodes=("paper", mask),
+                                             batch_size=3, shuffle=True, distributed=True,
+                                             rank=rank, world_size=2, seed=7)
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            steps.append(len(batches))
+            for batch in batches:
+                check_names_callers_edges(data, batch)
+                seeds.append(batch["paper"].n_id[:batch["paper"].batch_size])
+        assert steps[0] == steps[1] == len(loader)
+        assert sorted(torch.cat(seeds).tolist()) == mask.nonzero().view(-1).tolist()
+
+
 def test_pygs_trim_to_layer_accepts_the_counts():
     data = academic_graph()
     batch = next(iter(pyg_mgpu.NeighborLoader(data, [3, 2], batch_size=5,
@@ -160,9 +180,6 @@ def test_refuses_what_it_cannot_do_yet():
                           ({"sample_direction": "backward"}, "backward")):
         with pytest.raises(ValueError, match=what):
             pyg_mgpu.NeighborSampler(data, [2], **options)
-    with pytest.raises(ValueError, match="shard input_nodes"):
-        pyg_mgpu.NeighborLoader(data, [2], input_nodes=("paper", None), distributed=True,
-                                rank=0, world_size=2)
     with pytest.raises(ValueError, match="outside"):
         data[WRITES].edge_index = torch.tensor([[0], [1000]])
         pyg_mgpu.NeighborSampler(data, [2])

@@ -127,10 +127,6 @@ class NeighborLoader(PyGNeighborLoader):
         **kwargs,
     ):
         self.epoch_sampler: Optional[EpochBatchSampler] = None
-        if distributed and isinstance(data, HeteroData):
-            raise ValueError("distributed=True takes a Data graph; for HeteroData, shard "
-                             "input_nodes over the ranks yourself (e.g. index[rank::world_size])"
-                             " for now.")
         if distributed:
             rank, world_size = _rank_and_world_size(rank, world_size)
             seed = 0 if seed is None else seed
