@@ -18,6 +18,7 @@ from torch_geometric.sampler import HeteroSamplerOutput, SamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import CSC, attach_csc, build_csc, cached_csc
+from pyg_mgpu.sampling import remote
 from pyg_mgpu.sampling.draws import hop_edges
 from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _csc_weights,
                                                 _first_occurrences, _unseen)
@@ -54,11 +55,18 @@ def check_hetero_options(*, disjoint: bool, subgraph_type, time_attr: Optional[s
 class HeteroDraws:
     """The per-edge-type state of a heterogeneous sampler and its multi-hop walk."""
 
-    def __init__(self, data: HeteroData, is_sorted: bool, share_memory: bool,
+    def __init__(self, data, is_sorted: bool, share_memory: bool,
                  weight_attr: Optional[str] = None, replace: bool = False):
-        self.node_types, self.edge_types = data.metadata()
-        self.num_nodes = {k: data[k].num_nodes for k in self.node_types}
-        self.csc = {et: edge_type_csc(data, et, is_sorted) for et in self.edge_types}
+        if remote.is_remote(data):  # (FeatureStore, GraphStore): the store's own conversion
+            if weight_attr is not None:  # as PyG's sampler
+                raise NotImplementedError("'weight_attr' is not supported for "
+                                          "'(FeatureStore, GraphStore)' inputs.")
+            self.node_types, self.edge_types, self.num_nodes, self.csc = \
+                remote.hetero_graph(data)
+        else:
+            self.node_types, self.edge_types = data.metadata()
+            self.num_nodes = {k: data[k].num_nodes for k in self.node_types}
+            self.csc = {et: edge_type_csc(data, et, is_sorted) for et in self.edge_types}
         if share_memory:
             for csc in self.csc.values():
                 if not csc.row.is_cuda:
@@ -67,7 +75,8 @@ class HeteroDraws:
         # Weighted draws on the edge types that hold weight_attr; uniform on the others.
         self.weights = {et: (_csc_weights(data[et], weight_attr, csc, replace)
                              if weight_attr is not None and weight_attr in data[et] else None)
-                        for et, csc in self.csc.items()}
+                        for et, csc in self.csc.items()} if not remote.is_remote(data) else \
+            dict.fromkeys(self.csc)
         self._lookups: dict[str, Tensor] = {}
 
     @property
@@ -193,7 +202,7 @@ class HeteroNeighborSampler(NeighborSampler):
             subgraph_type = SubgraphType.induced
         check_hetero_options(disjoint=disjoint, subgraph_type=subgraph_type,
                              time_attr=time_attr, sample_direction=sample_direction)
-        self.data_type = DataType.heterogeneous
+        self.data_type = DataType.remote if remote.is_remote(data) else DataType.heterogeneous
         self.sample_direction = sample_direction
         self.draws = HeteroDraws(data, is_sorted, share_memory, weight_attr, replace)
         self.node_types, self.edge_types = self.draws.node_types, self.draws.edge_types

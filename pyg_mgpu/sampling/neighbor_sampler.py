@@ -32,7 +32,7 @@ from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import CSC, csc_of
-from pyg_mgpu.sampling import temporal
+from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.draws import hop_edges
 from pyg_mgpu.sampling.weighted import EdgeWeights, edge_weights
 
@@ -46,7 +46,9 @@ class NeighborSampler(PyGNeighborSampler):
     """Neighbour sampling over a homogeneous ``Data``, a drop-in for PyG's ``NeighborSampler``.
 
     Args:
-        data: The graph. Its ``edge_index`` may be int64 or int32, on CPU or CUDA.
+        data: The graph: a ``Data`` (its ``edge_index`` int64 or int32, on CPU or CUDA), a
+            ``HeteroData`` (:class:`~pyg_mgpu.sampling.hetero.HeteroNeighborSampler`), or a
+            ``(FeatureStore, GraphStore)`` pair (:mod:`pyg_mgpu.sampling.remote`).
         num_neighbors: Neighbours to draw per node at each hop; ``-1`` keeps all of them.
         subgraph_type: ``"directional"``, ``"bidirectional"`` or ``"induced"``.
         replace: Draw with replacement.
@@ -82,7 +84,8 @@ class NeighborSampler(PyGNeighborSampler):
     def __new__(cls, data=None, *args, **kwargs):
         # PyG's class takes Data and HeteroData alike: a HeteroData gets the heterogeneous
         # sampler (pyg_mgpu.sampling.hetero), built from the same per-hop draws.
-        if cls is NeighborSampler and isinstance(data, HeteroData):
+        if cls is NeighborSampler and (isinstance(data, HeteroData)
+                                       or remote.is_hetero_remote(data)):
             from pyg_mgpu.sampling.hetero import HeteroNeighborSampler
             cls = HeteroNeighborSampler
         return super().__new__(cls)
@@ -115,18 +118,29 @@ class NeighborSampler(PyGNeighborSampler):
             subgraph_type = SubgraphType.induced
             warnings.warn("The usage of the 'directed' argument in 'NeighborSampler' is "
                           "deprecated. Use `subgraph_type='induced'` instead.", stacklevel=2)
-        self.data_type = DataType.homogeneous
-        self.num_nodes = data.num_nodes
         self.node_time = self.edge_time = None
+        if remote.is_remote(data):  # (FeatureStore, GraphStore)
+            if weight_attr is not None:  # as PyG's sampler
+                raise NotImplementedError("'weight_attr' is not supported for "
+                                          "'(FeatureStore, GraphStore)' inputs.")
+            self.data_type = DataType.remote
+            self.node_types = self.edge_types = [None]
+            self.num_nodes, self.csc, self.node_time, self.edge_time = \
+                remote.homogeneous_graph(data, sample_direction, time_attr)
+        else:
+            self.data_type = DataType.homogeneous
+            self.num_nodes = data.num_nodes
+            if time_attr is not None:
+                self.node_time, self.edge_time = temporal.time_of(data, time_attr)
+            self.csc = csc_of(data, is_sorted=is_sorted,
+                              transpose=sample_direction == "backward")
         if time_attr is not None:
-            self.node_time, self.edge_time = temporal.time_of(data, time_attr)
             if weight_attr is not None:
                 raise ValueError("weighted temporal sampling is not supported (weight_attr with "
                                  "time_attr); pass one of them.")
             if temporal_strategy not in temporal.STRATEGIES:
                 raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
                                  f"{temporal_strategy!r}.")
-        self.csc = csc_of(data, is_sorted=is_sorted, transpose=sample_direction == "backward")
         if share_memory and not self.csc.row.is_cuda:
             self.csc.share_memory_()
         self.colptr, self.row, self.perm = self.csc.colptr, self.csc.row, self.csc.perm
@@ -139,8 +153,10 @@ class NeighborSampler(PyGNeighborSampler):
                     t.share_memory_()
             self.row, self.perm = self._by_time.row, self._by_time.perm
         # Outputs are int32 for an int32 edge_index, as PyG's are.
-        self.index_dtype = torch.int32 if data.edge_index.dtype == torch.int32 else torch.long
-        self.weights = _csc_weights(data, weight_attr, self.csc, replace)
+        self.index_dtype = (torch.int32 if self.data_type == DataType.homogeneous
+                            and data.edge_index.dtype == torch.int32 else torch.long)
+        self.weights = (_csc_weights(data, weight_attr, self.csc, replace)
+                        if self.data_type == DataType.homogeneous else None)
 
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.replace = replace
@@ -368,13 +384,13 @@ class NeighborSampler(PyGNeighborSampler):
             self._seeded_for_worker = info.id
 
 
-_HETERO_ERROR = ("pyg_mgpu.NeighborSampler samples torch_geometric.data.Data and HeteroData; "
-                 "for (FeatureStore, GraphStore) inputs use torch_geometric.loader.NeighborLoader "
-                 "with pyg-lib.")
+_HETERO_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a HeteroData "
+                 "or a (FeatureStore, GraphStore) pair; got something else.")
 
 
 def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> None:
-    if not isinstance(data, Data):  # a HeteroData gets HeteroNeighborSampler (__new__)
+    # A HeteroData (or a heterogeneous remote graph) gets HeteroNeighborSampler (__new__).
+    if not isinstance(data, Data) and not remote.is_remote(data):
         raise ValueError(_HETERO_ERROR)
     if sample_direction not in ("forward", "backward"):
         raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
