@@ -25,6 +25,7 @@ from pyg_mgpu.train.inference import layerwise_logits
 
 import _gpu_ranks
 from test_bidirectional_sampler import undirected_reach
+from test_hetero_sampling import academic_graph, typed_reach
 from test_temporal_sampling import reference_trees, timed_graph, tree_of
 from test_neighbor_loader import (WEIGHTS, centres_of_degrees,
                                   check_names_callers_edges, check_per_hop,
@@ -136,6 +137,22 @@ def test_temporal_takes_every_eligible_neighbour_on_cuda(time_attr):
     reference = reference_trees(data, seeds, times.tolist(), 2, time_attr == "time")
     for tree, (nodes, edges) in enumerate(reference):
         assert tree_of(out, tree, on_host) == (nodes, edges), tree
+
+
+def test_hetero_sampler_is_the_typed_neighbourhood_on_cuda():
+    data = academic_graph()
+    sampler = NeighborSampler(data.clone().to(CUDA), [-1, -1], seed=0)
+    seeds = [3, 11, 12]
+    out = sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor(seeds, device=CUDA),
+                                                     input_type="paper"))
+    nodes, edges = typed_reach(data, "paper", seeds, 2)
+    for node_type in data.node_types:
+        assert out.node[node_type].is_cuda
+        assert sorted(out.node[node_type].tolist()) == sorted(nodes[node_type])
+    for et in data.edge_types:
+        perm = sampler.edge_permutation[et]
+        ids = out.edge[et] if perm is None else perm[out.edge[et]]
+        assert sorted(ids.tolist()) == sorted(edges[et])
 
 
 def test_induced_is_every_edge_among_the_sampled_nodes_on_cuda():
