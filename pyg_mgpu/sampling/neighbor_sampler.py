@@ -348,7 +348,8 @@ class NeighborSampler(PyGNeighborSampler):
         num_nodes = seed.numel()
         rows, cols, edges = [], [], []
         num_sampled_nodes, num_sampled_edges = [seed.numel()], []
-        for fanout in self.fanouts:
+        fanouts = self.fanouts
+        for hop, fanout in enumerate(fanouts):
             limit = None if times is None else times.index_select(0, frontier_batch)
             local_dst, edge = self._draw(frontier, fanout, limit)
             nbr = self.row.index_select(0, edge).long()
@@ -356,9 +357,10 @@ class NeighborSampler(PyGNeighborSampler):
             keys = nbr_batch * n + nbr
             local, new_keys = _assign_local_ids(keys, seen_keys, seen_local, num_nodes)
             new_nodes, new_batch = new_keys % n, new_keys // n
-            seen_keys, order = torch.sort(torch.cat([seen_keys, new_keys]))
-            seen_local = torch.cat([seen_local, torch.arange(
-                num_nodes, num_nodes + new_keys.numel(), device=self.device)])[order]
+            if hop + 1 < len(fanouts):  # the last hop's keys are never looked up again
+                seen_keys, order = torch.sort(torch.cat([seen_keys, new_keys]))
+                seen_local = torch.cat([seen_local, torch.arange(
+                    num_nodes, num_nodes + new_keys.numel(), device=self.device)])[order]
             nodes.append(new_nodes)
             batches.append(new_batch)
             rows.append(local)
