@@ -3,6 +3,7 @@
 stdin."""
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import socket
@@ -395,3 +396,76 @@ else:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ERROR: synthetic: ran out of file descriptors" in proc.stdout, proc.stdout
     assert "ulimit -n" in proc.stdout
+
+
+# ogbn-mag, from tiny files in OGB's heterogeneous raw format (ogb/io/read_graph_raw.py).
+
+def write_ogbn_mag(root: Path) -> dict:
+    folder = root / "ogbn_mag"
+    raw = folder / "raw"
+    types = ["author", "field_of_study", "institution", "paper"]
+    counts = {"author": 4, "field_of_study": 2, "institution": 2, "paper": 6}
+    relations = {("author", "affiliated_with", "institution"): [[0, 1, 2, 3], [0, 0, 1, 1]],
+                 ("author", "writes", "paper"): [[0, 1, 2, 3, 3], [0, 1, 2, 3, 5]],
+                 ("paper", "cites", "paper"): [[0, 1, 2, 4], [1, 2, 3, 5]],
+                 ("paper", "has_topic", "field_of_study"): [[0, 1, 2, 3, 4, 5],
+                                                            [0, 0, 1, 1, 0, 1]]}
+
+    def save(path: Path, rows, fmt="%d", header=None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if header is None:
+            np.savetxt(path, rows, fmt=fmt, delimiter=",")
+        else:  # pandas reads a header row here
+            with gzip.open(path, "wt") as f:
+                f.write(",".join(header) + "\n" + ",".join(map(str, rows)) + "\n")
+
+    save(raw / "num-node-dict.csv.gz", [counts[t] for t in types], header=types)
+    with gzip.open(raw / "triplet-type-list.csv.gz", "wt") as f:
+        f.write("".join(",".join(t) + "\n" for t in relations))
+    for triplet, edges in relations.items():
+        sub = raw / "relations" / "___".join(triplet)
+        save(sub / "edge.csv.gz", np.array(edges).T)
+        save(sub / "num-edge-list.csv.gz", [len(edges[0])])
+    x = np.arange(counts["paper"] * 3).reshape(-1, 3) / 4
+    y = np.array([0, 1, 2, 0, 1, 2])
+    save(raw / "node-feat" / "paper" / "node-feat.csv.gz", x, fmt="%.2f")
+    save(raw / "node-feat" / "paper" / "node_year.csv.gz", 2010 + np.arange(6))
+    save(raw / "nodetype-has-label.csv.gz", ["False", "False", "False", "True"], header=types)
+    save(raw / "node-label" / "paper" / "node-label.csv.gz", y)
+    split = folder / "split" / "time"
+    save(split / "nodetype-has-split.csv.gz", ["False", "False", "False", "True"], header=types)
+    for name, idx in (("train", [0, 1, 2]), ("valid", [3]), ("test", [4, 5])):
+        save(split / "paper" / f"{name}.csv.gz", idx)
+    (folder / "RELEASE_v2.txt").write_text("")
+    return {"relations": relations, "x": x, "y": y, "counts": counts}
+
+
+def test_ogbn_mag_from_raw_files(tmp_path, offline, no_stdin):
+    written = write_ogbn_mag(tmp_path)
+    for _ in range(2):  # the second load reads OGB's processed/ cache
+        data = load_dataset("ogbn-mag", tmp_path)
+        assert {t: data[t].num_nodes for t in data.node_types} == written["counts"]
+        assert data.num_classes == 349
+        for (src, rel, dst), edges in written["relations"].items():
+            edges = torch.tensor(edges)
+            assert torch.equal(data[src, rel, dst].edge_index, edges)
+            if src != dst:
+                assert torch.equal(data[dst, f"rev_{rel}", src].edge_index, edges.flip(0))
+        assert ("paper", "rev_cites", "paper") not in data.edge_types
+        assert torch.equal(data["paper"].x, torch.from_numpy(written["x"]).float())
+        assert torch.equal(data["paper"].y, torch.from_numpy(written["y"]))
+        assert data["paper"].year.tolist() == list(range(2010, 2016))
+        assert data["paper"].train_mask.nonzero().view(-1).tolist() == [0, 1, 2]
+        assert data["paper"].val_mask.nonzero().view(-1).tolist() == [3]
+        assert data["paper"].test_mask.nonzero().view(-1).tolist() == [4, 5]
+        assert "x" not in data["author"]  # OGB ships no author features
+
+
+def test_ogbn_mag_missing_files_say_where_to_put_them(tmp_path, offline):
+    with pytest.raises(DatasetError, match="ogbn_mag/raw/triplet-type-list.csv.gz"):
+        load_dataset("ogbn-mag", tmp_path)
+
+
+def test_the_graph_loader_points_heterogeneous_names_to_the_hetero_path():
+    with pytest.raises(DatasetError, match="load_dataset\\('ogbn-mag'\\)"):
+        load_graph("ogbn-mag")

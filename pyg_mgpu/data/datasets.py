@@ -26,10 +26,11 @@ from unittest import mock
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.cache import CACHE_ENV, cache_folder, default_cache_dir, load_cached
 from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
+from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS, load_hetero_dataset
 from pyg_mgpu.data.npz import NpzArray, npz_members
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 
@@ -103,8 +104,8 @@ def load_dataset(
     seed: int = 0,
     synthetic: Optional[SyntheticSpec] = None,
     cache_dir: str | Path | None = None,
-) -> Data:
-    """Loads a node-classification dataset as a PyG ``Data``.
+) -> Data | HeteroData:
+    """Loads a node-classification dataset as a PyG ``Data`` (or ``HeteroData``).
 
     Every dataset the CLI knows, read the same way (see :func:`load_graph` for where files are
     looked for and what happens offline or in a read-only folder)::
@@ -113,7 +114,9 @@ def load_dataset(
         model = GraphSAGE(data.num_features, 256, 2, data.num_classes)
 
     Args:
-        name: One of :data:`DATASETS` (case-insensitive), or a path ending in ``.npz``.
+        name: One of :data:`DATASETS` (case-insensitive), or a path ending in ``.npz``; or
+            one of :data:`~pyg_mgpu.data.hetero_datasets.HETERO_DATASETS` (``ogbn-mag``,
+            ``synthetic-hetero``), returned as a ``HeteroData`` with the labelled type's masks.
         root: Data folder for PyG and OGB datasets; default ``./data`` (``./data/reddit`` for
             Reddit).
         seed: Seed of the synthetic graph.
@@ -140,6 +143,8 @@ def load_dataset(
         >>> int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())
         (50, 10, 20)
     """
+    if name.lower() in HETERO_DATASETS:  # a HeteroData, no converted-graph cache
+        return load_hetero_dataset(name, root, seed=seed)
     return load_graph(name, root, seed=seed, synthetic=synthetic, cache_dir=cache_dir,
                       log=lambda line: print(line, file=sys.stderr)).to_data()
 
@@ -189,6 +194,11 @@ def load_graph(
         key = None
     else:
         key = {n.lower(): n for n in DATASETS}.get(name.lower())
+        if key is None and name.lower() in HETERO_DATASETS:
+            raise DatasetError(f"{name} is heterogeneous, and the CLI trains homogeneous "
+                               f"graphs: load it with pyg_mgpu.load_dataset({name!r}) (a "
+                               "HeteroData) and train it as "
+                               "examples/hetero_node_classification.py does.")
         if key is None:
             raise DatasetError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, "
                                "or a path ending in .npz.")
