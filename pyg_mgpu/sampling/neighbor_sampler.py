@@ -224,7 +224,8 @@ class NeighborSampler(PyGNeighborSampler):
         """Samples the multi-hop neighbourhood of ``seed`` (PyG's hook for both node and edge
         loaders)."""
         if isinstance(seed, dict):
-            raise ValueError(_HETERO_ERROR)
+            raise ValueError("this sampler was built on a homogeneous graph: its seeds are one "
+                             "tensor of node ids, not a dict per node type.")
         self._reseed_in_worker()
         seed = seed.to(device=self.device, dtype=torch.long)
         if self.is_temporal:
@@ -386,14 +387,14 @@ class NeighborSampler(PyGNeighborSampler):
             self._seeded_for_worker = info.id
 
 
-_HETERO_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a HeteroData "
+_INPUT_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a HeteroData "
                  "or a (FeatureStore, GraphStore) pair; got something else.")
 
 
 def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> None:
     # A HeteroData (or a heterogeneous remote graph) gets HeteroNeighborSampler (__new__).
     if not isinstance(data, Data) and not remote.is_remote(data):
-        raise ValueError(_HETERO_ERROR)
+        raise ValueError(_INPUT_ERROR)
     if sample_direction not in ("forward", "backward"):
         raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
                          f"{sample_direction!r}.")
