@@ -388,7 +388,7 @@ class NeighborSampler(PyGNeighborSampler):
 
 
 _INPUT_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a HeteroData "
-                 "or a (FeatureStore, GraphStore) pair; got something else.")
+                "or a (FeatureStore, GraphStore) pair; got something else.")
 
 
 def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> None:
