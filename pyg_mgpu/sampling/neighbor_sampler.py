@@ -349,19 +349,15 @@ class NeighborSampler(PyGNeighborSampler):
         num_nodes = seed.numel()
         rows, cols, edges = [], [], []
         num_sampled_nodes, num_sampled_edges = [seed.numel()], []
-        fanouts = self.fanouts
-        for hop, fanout in enumerate(fanouts):
+        for fanout in self.fanouts:
             limit = None if times is None else times.index_select(0, frontier_batch)
             local_dst, edge = self._draw(frontier, fanout, limit)
             nbr = self.row.index_select(0, edge).long()
             nbr_batch = frontier_batch.index_select(0, local_dst)
             keys = nbr_batch * n + nbr
-            local, new_keys = _assign_local_ids(keys, seen_keys, seen_local, num_nodes)
+            local, new_keys, seen_keys, seen_local = _assign_local_ids(
+                keys, seen_keys, seen_local, num_nodes)
             new_nodes, new_batch = new_keys % n, new_keys // n
-            if hop + 1 < len(fanouts):  # the last hop's keys are never looked up again
-                seen_keys, order = torch.sort(torch.cat([seen_keys, new_keys]))
-                seen_local = torch.cat([seen_local, torch.arange(
-                    num_nodes, num_nodes + new_keys.numel(), device=self.device)])[order]
             nodes.append(new_nodes)
             batches.append(new_batch)
             rows.append(local)
@@ -464,18 +460,27 @@ def _runs(first: Tensor, length: Tensor, step: int, total: int) -> Tensor:
 
 
 def _assign_local_ids(keys: Tensor, seen_keys: Tensor, seen_local: Tensor,
-                      num_nodes: int) -> tuple[Tensor, Tensor]:
-    """Local ids of ``keys``: from ``seen_keys`` (sorted) where known, else new ids from
-    ``num_nodes`` on, in order of first appearance. Returns (local ids, new keys in order)."""
-    pos = torch.searchsorted(seen_keys, keys).clamp_(max=max(seen_keys.numel() - 1, 0))
-    known = seen_keys.index_select(0, pos) == keys
-    local = torch.where(known, seen_local.index_select(0, pos), -1)
-    unknown = (~known).nonzero().squeeze(1)
-    uniq, inverse = torch.unique(keys.index_select(0, unknown), return_inverse=True)
-    first = torch.full((uniq.numel(),), keys.numel(), dtype=torch.long, device=keys.device)
-    first.scatter_reduce_(0, inverse, unknown, reduce="amin")
-    order = torch.argsort(first)  # new keys by first appearance
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=keys.device)
-    local[unknown] = num_nodes + rank.index_select(0, inverse)
-    return local, uniq.index_select(0, order)
+                      num_nodes: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Local ids of ``keys``: from ``seen_keys`` (sorted, distinct) where known, else new ids
+    from ``num_nodes`` on, in order of first appearance.
+
+    One sort of the seen keys and ``keys`` together finds both: a distinct key whose first
+    position falls among the seen ones is known. Returns (local ids, the new keys in order,
+    and the merged sorted table with its local ids, for the next hop).
+    """
+    num_seen = seen_keys.numel()
+    table, inverse = torch.unique(torch.cat([seen_keys, keys]), return_inverse=True)
+    first = torch.full((table.numel(),), num_seen + keys.numel(), dtype=torch.long,
+                       device=keys.device)
+    first.scatter_reduce_(0, inverse, torch.arange(inverse.numel(), device=keys.device),
+                          reduce="amin")
+    table_local = torch.empty_like(first)
+    known = first < num_seen
+    table_local[known] = seen_local.index_select(0, first[known])
+    new = (~known).nonzero().squeeze(1)
+    order = torch.argsort(first.index_select(0, new))  # new keys by first appearance
+    new_in_order = new.index_select(0, order)
+    table_local[new_in_order] = torch.arange(num_nodes, num_nodes + new.numel(),
+                                             device=keys.device)
+    local = table_local.index_select(0, inverse[num_seen:])
+    return local, table.index_select(0, new_in_order), table, table_local
