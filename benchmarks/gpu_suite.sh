@@ -6,6 +6,7 @@
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes,
 #                                                          # per-stage profile at 2.4M nodes
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, a stop and resume,
+#                                                          # the heterogeneous example,
 #                                                          # 2 gloo ranks on one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
 #                                                          # with nvidia-smi sampling
@@ -166,6 +167,10 @@ if want variants; then
   step stop_resume 400 "$PY" benchmarks/stop_and_resume.py "$OUT/graph_gpu" "$OUT/stop_resume" \
     -- --num-nodes "$NODES" --num-edges "$EDGES" --num-features 100 --num-classes 47 \
     --fanout 15,10,5 --batch-size 1024 --epochs "$EPOCHS" --devices "$DEV" --graph-on gpu
+  # The heterogeneous example (HeteroData loaders, to_hetero, DDP) on the GPU, one NCCL rank:
+  # its metrics.json has test_acc against features_only_test_acc.
+  step hetero_example 240 "$PY" examples/hetero_node_classification.py --devices "$DEV" \
+    --epochs "$EPOCHS" --out "$OUT/hetero_example"
   # Multi-rank CUDA logic on one GPU: 2 ranks over gloo (NCCL refuses two ranks on one GPU).
   train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
     --inference layerwise

@@ -127,7 +127,8 @@ GPU_SUITE_PARTS = {
     "tests": ["env", "pytest_gpu"],
     "sampler": ["sampler_1m", "sampler_2_4m", "profile_products"],
     "variants": ["graph_gpu", "graph_cpu_cache", "graph_cpu_mmap", "amp_bf16", "compile",
-                 "prefetch2", "layerwise", "eval_all", "resume", "stop_resume", "gloo_2ranks"],
+                 "prefetch2", "layerwise", "eval_all", "resume", "stop_resume", "hetero_example",
+                 "gloo_2ranks"],
     "full": ["products"],
 }
 
