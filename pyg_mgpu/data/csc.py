@@ -113,10 +113,11 @@ def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = Tru
             continue
         lo = min(lo, int(src.min()), int(dst.min()))
         hi, hi_src = max(hi, int(dst.max())), max(hi_src, int(src.max()))
-        if num_src_nodes is None and (lo < 0 or max(hi, hi_src) >= num_nodes):
-            raise ValueError(f"edge_index holds node ids outside [0, {num_nodes}) (min {lo}, "
-                             f"max {max(hi, hi_src)}); set data.num_nodes or fix the ids.")
         if lo < 0 or hi >= num_nodes or hi_src >= num_src:
+            if num_src_nodes is None:  # one node type
+                raise ValueError(f"edge_index holds node ids outside [0, {num_nodes}) (min "
+                                 f"{lo}, max {max(hi, hi_src)}); set data.num_nodes or fix "
+                                 "the ids.")
             raise ValueError(f"edge_index holds node ids outside [0, {num_src}) for sources or "
                              f"[0, {num_nodes}) for destinations (min {lo}, max source "
                              f"{hi_src}, max destination {hi}); set each node type's num_nodes "

@@ -14,14 +14,14 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 from torch_geometric.data import HeteroData
-from torch_geometric.sampler import HeteroSamplerOutput, SamplerOutput
+from torch_geometric.sampler import HeteroSamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import CSC, attach_csc, build_csc, cached_csc
 from pyg_mgpu.sampling import remote
 from pyg_mgpu.sampling.draws import hop_edges
 from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _csc_weights,
-                                                _first_occurrences, _unseen)
+                                                _number_new_nodes, _unseen)
 
 _UNSUPPORTED = ("pyg_mgpu samples HeteroData with subgraph_type 'directional' or "
                 "'bidirectional', uniform or weighted draws, with or without replacement; "
@@ -63,20 +63,20 @@ class HeteroDraws:
                                           "'(FeatureStore, GraphStore)' inputs.")
             self.node_types, self.edge_types, self.num_nodes, self.csc = \
                 remote.hetero_graph(data)
+            self.weights = dict.fromkeys(self.csc)
         else:
             self.node_types, self.edge_types = data.metadata()
             self.num_nodes = {k: data[k].num_nodes for k in self.node_types}
             self.csc = {et: edge_type_csc(data, et, is_sorted) for et in self.edge_types}
+            # Weighted draws on the edge types that hold weight_attr; uniform on the others.
+            self.weights = {et: (_csc_weights(data[et], weight_attr, csc, replace)
+                                 if weight_attr is not None and weight_attr in data[et]
+                                 else None) for et, csc in self.csc.items()}
         if share_memory:
             for csc in self.csc.values():
                 if not csc.row.is_cuda:
                     csc.share_memory_()
         self.perm = {et: csc.perm for et, csc in self.csc.items()}
-        # Weighted draws on the edge types that hold weight_attr; uniform on the others.
-        self.weights = {et: (_csc_weights(data[et], weight_attr, csc, replace)
-                             if weight_attr is not None and weight_attr in data[et] else None)
-                        for et, csc in self.csc.items()} if not remote.is_remote(data) else \
-            dict.fromkeys(self.csc)
         self._lookups: dict[str, Tensor] = {}
 
     @property
@@ -118,10 +118,16 @@ class HeteroDraws:
         edges = {et: [] for et in self.edge_types}
         num_sampled_edges = {et: [] for et in self.edge_types}
         touched = None  # (node type, neighbours) whose lookup entries may be mid-update
+
+        def cat(parts: list) -> Tensor:
+            return (torch.cat(parts) if parts else
+                    torch.empty(0, dtype=torch.long, device=self.device))
+
         try:
             for hop in range(num_hops):
                 added = dict.fromkeys(self.node_types, 0)
                 start_of_hop = dict(count)
+                parts_before = {t: len(nodes[t]) for t in self.node_types}
                 for et in self.edge_types:
                     src_type, _, dst_type = et
                     dst_nodes, dst_start = frontier[dst_type]
@@ -136,9 +142,7 @@ class HeteroDraws:
                     nbr = csc.row.index_select(0, edge).long()
                     lookup = self._lookup(src_type)
                     touched = (src_type, nbr)
-                    new = _first_occurrences(nbr, lookup)
-                    lookup.index_copy_(0, new, torch.arange(
-                        count[src_type], count[src_type] + new.numel(), device=self.device))
+                    new = _number_new_nodes(nbr, lookup, count[src_type])
                     touched = None
                     nodes[src_type].append(new)
                     count[src_type] += new.numel()
@@ -147,18 +151,15 @@ class HeteroDraws:
                     cols[et].append(local_dst + dst_start)
                     edges[et].append(edge)
                     num_sampled_edges[et].append(edge.numel())
-                for t in self.node_types:
+                for t in self.node_types:  # this hop's new nodes are the next frontier
                     num_sampled_nodes[t].append(added[t])
-                    first = start_of_hop[t]
-                    frontier[t] = (torch.cat(nodes[t])[first:count[t]], first)
+                    frontier[t] = (cat(nodes[t][parts_before[t]:]), start_of_hop[t])
         finally:
             for t in self.node_types:  # leave the scratch arrays clean for the next batch
                 if nodes[t]:
                     self._lookup(t).index_fill_(0, torch.cat(nodes[t]), _unseen(torch.int64))
             if touched is not None:  # an error mid-hop: those entries may hold offers
                 self._lookup(touched[0]).index_fill_(0, touched[1], _unseen(torch.int64))
-        cat = (lambda parts: torch.cat(parts) if parts else
-               torch.empty(0, dtype=torch.long, device=self.device))
         return HeteroSamplerOutput(
             node={t: cat(nodes[t]) for t in self.node_types},
             row={et: cat(rows[et]) for et in self.edge_types},
@@ -217,12 +218,7 @@ class HeteroNeighborSampler(NeighborSampler):
         self.disjoint = False
         self.temporal_strategy = temporal_strategy
         self.keep_orig_edges = False
-        self.generator = torch.Generator(device=self.draws.device)
-        if seed is None:
-            seed = int(torch.randint(2**62, (), dtype=torch.long))
-        self.generator.manual_seed(seed)
-        self._seeded_for_worker: Optional[int] = None
-        self.busy_s = 0.0
+        self._start_generator(seed)
 
     @property
     def device(self) -> torch.device:
@@ -232,12 +228,6 @@ class HeteroNeighborSampler(NeighborSampler):
     def fanouts(self) -> dict:
         """Neighbours per hop, per edge type."""
         return self.num_neighbors.get_values(self.edge_types)
-
-    def __setstate__(self, state: dict) -> None:
-        gen_state = state.pop("generator")
-        self.__dict__.update(state)
-        self.generator = torch.Generator(device=self.draws.device)
-        self.generator.set_state(gen_state)
 
     def _sample(self, seed, seed_time=None, **kwargs) -> HeteroSamplerOutput:
         if not isinstance(seed, dict):

@@ -173,18 +173,22 @@ class NeighborSampler(PyGNeighborSampler):
                              "subgraph_type='induced' (neither is it in PyG); use "
                              "'directional' or 'bidirectional'.")
 
-        device = self.colptr.device
-        self.generator = torch.Generator(device=device)
-        if seed is None:
-            seed = int(torch.randint(2**62, (), dtype=torch.long))
-        self.generator.manual_seed(seed)
-        self._seeded_for_worker: Optional[int] = None
+        self._start_generator(seed)
         self._lookup: Optional[Tensor] = None  # global -> local id, built lazily per process
         # int32 halves the lookup's random accesses' footprint; its entries go up to the node
         # count plus one hop's sampled edges (see _first_occurrences).
         self._lookup_type = torch.int32 if self.num_nodes < 2**30 else torch.int64
         # Floyd's offsets are below a degree, so int32 holds them whenever the edge count does.
         self._offset_type = torch.int32 if self.row.numel() < 2**31 else torch.int64
+
+    def _start_generator(self, seed: Optional[int]) -> None:
+        """This sampler's own random generator on :attr:`device`, seeded with ``seed`` (default:
+        drawn from torch's global generator), and its per-process counters."""
+        self.generator = torch.Generator(device=self.device)
+        if seed is None:
+            seed = int(torch.randint(2**62, (), dtype=torch.long))
+        self.generator.manual_seed(seed)
+        self._seeded_for_worker: Optional[int] = None
         self.busy_s = 0.0  # seconds spent sampling in this process (for per-stage timing)
 
     @property
@@ -206,7 +210,7 @@ class NeighborSampler(PyGNeighborSampler):
     def __setstate__(self, state: dict) -> None:
         gen_state = state.pop("generator")
         self.__dict__.update(state)
-        self.generator = torch.Generator(device=self.colptr.device)
+        self.generator = torch.Generator(device=self.device)
         self.generator.set_state(gen_state)
 
     def sample(self, seeds: Tensor) -> SamplerOutput:
@@ -283,10 +287,7 @@ class NeighborSampler(PyGNeighborSampler):
                 local_dst, edge = self._draw(frontier, fanout)
                 # int64 from here on: scatter and index_copy take no int32 index.
                 touched = nbr = self.row.index_select(0, edge).long()
-                new_nodes = _first_occurrences(nbr, lookup)
-                lookup.index_copy_(0, new_nodes, torch.arange(
-                    num_nodes, num_nodes + new_nodes.numel(), dtype=lookup.dtype,
-                    device=self.device))
+                new_nodes = _number_new_nodes(nbr, lookup, num_nodes)
                 touched = None
                 nodes.append(new_nodes)
                 rows.append(lookup.index_select(0, nbr))
@@ -418,6 +419,15 @@ def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,
     if csc.perm is not None:
         weight = weight.index_select(0, csc.perm)
     return edge_weights(weight, csc.colptr, replace)
+
+
+def _number_new_nodes(nbr: Tensor, lookup: Tensor, first_id: int) -> Tensor:
+    """The nodes of ``nbr`` not yet in ``lookup``, in order of first appearance, entered in it
+    with the local ids ``first_id, first_id + 1, ...``."""
+    new = _first_occurrences(nbr, lookup)
+    lookup.index_copy_(0, new, torch.arange(first_id, first_id + new.numel(),
+                                            dtype=lookup.dtype, device=lookup.device))
+    return new
 
 
 def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
