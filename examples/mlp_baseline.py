@@ -2,6 +2,7 @@
 
     python examples/mlp_baseline.py --dataset synthetic
     python examples/mlp_baseline.py --dataset cora --root ../shared/data/planetoid
+    python examples/mlp_baseline.py --dataset synthetic-hetero    # the labelled type's features
 
 Trains a 2-layer MLP full-batch on the same splits and prints best-validation test accuracy,
 to compare with ``python -m pyg_mgpu.distributed_sampling`` on the same dataset.
@@ -10,6 +11,8 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+
+from torch_geometric.data import HeteroData
 
 from pyg_mgpu.data import load_dataset
 
@@ -25,6 +28,10 @@ def main() -> None:
     args = p.parse_args()
 
     data = load_dataset(args.dataset, args.root, seed=args.seed)
+    if isinstance(data, HeteroData):  # the labelled node type's own features and splits
+        num_classes = data.num_classes
+        data = next(data[t] for t in data.node_types if "y" in data[t])
+        data.num_classes = num_classes
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(data.num_features, args.hidden), torch.nn.ReLU(),
                                 torch.nn.Dropout(0.5), torch.nn.Linear(args.hidden,

@@ -41,14 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = argparse.ArgumentParser(
         prog="python -m pyg_mgpu.distributed_sampling",
-        description="Train a GNN (GraphSAGE, or PyG's GCN, GAT, GIN: --model) with neighbour "
-                    "sampling on every GPU (or N CPU ranks).",
+        description="Train a GNN (GraphSAGE, or PyG's GCN, GAT, GIN; R-GCN on heterogeneous "
+                    "graphs: --model) with neighbour sampling on every GPU (or N CPU ranks).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
     data = p.add_argument_group("data")
     data.add_argument("--dataset", default=d.dataset,
                       help="synthetic, cora, citeseer, pubmed, reddit, ogbn-arxiv, ogbn-products, "
-                           "ogbn-papers100M, or a path to a .npz graph")
+                           "ogbn-papers100M, or a path to a .npz graph; heterogeneous: "
+                           "synthetic-hetero, ogbn-mag (the papers are classified)")
     data.add_argument("--root", default=d.root, help="folder the dataset lives in")
     data.add_argument("--cache-dir", default=d.cache_dir,
                       help="where converted graphs are kept, so later runs read them instead of "
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model", choices=MODELS, default=d.model,
                        help="sage = our GraphSAGE (trimmed layers, fused kernels); gcn, gat, gin "
                             "= PyG's GCN, GAT, GIN models, trimmed per layer with PyG's per-hop "
-                            "counts")
+                            "counts. Heterogeneous datasets: sage = a SAGEConv per edge type "
+                            "(PyG's to_hetero GraphSAGE), rgcn = R-GCN")
     model.add_argument("--hidden", type=int, default=argparse.SUPPRESS,
                        help="width of every hidden layer (GAT: all heads together)")
     model.add_argument("--heads", type=int, default=argparse.SUPPRESS,

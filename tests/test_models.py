@@ -10,7 +10,7 @@ from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.loader import make_loader
 from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable
-from pyg_mgpu.train.config import MODELS, ConfigError, TrainConfig
+from pyg_mgpu.train.config import HOMOGENEOUS_MODELS, ConfigError, TrainConfig
 
 
 def sampled_batch(fanout: list[int], batch_size: int = 64):
@@ -22,7 +22,7 @@ def sampled_batch(fanout: list[int], batch_size: int = 64):
     return g, next(iter(loader))
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", HOMOGENEOUS_MODELS)
 @pytest.mark.parametrize("fanout", [[10, 5], [4, 4, 4]])
 def test_trimmed_seed_outputs_and_gradients_equal_untrimmed(name, fanout):
     g, batch = sampled_batch(fanout)
@@ -62,7 +62,7 @@ def test_gcn_is_pygs_gcn_untrimmed_and_layerwise():
 
 
 def test_build_model_knows_every_cli_model():
-    for name in MODELS:
+    for name in HOMOGENEOUS_MODELS:
         model = build_model(name, 16, 32, 4, 2)
         assert model(torch.randn(5, 16), torch.tensor([[1, 2], [0, 0]])).shape == (5, 4)
     gat = build_model("gat", 16, 32, 4, 2, heads=8)
@@ -72,7 +72,7 @@ def test_build_model_knows_every_cli_model():
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"model": "mlp"}, "--model must be one of sage, gcn, gat, gin, got 'mlp'"),
+    ({"model": "mlp"}, "--model must be one of sage, gcn, gat, gin, rgcn, got 'mlp'"),
     ({"heads": 0}, "--heads must be a positive integer"),
     ({"model": "gat", "hidden": 100, "heads": 8}, "--hidden 100 is not divisible by --heads 8"),
     ({"model": "gcn", "recipe": "pyg"}, "--recipe pyg"),

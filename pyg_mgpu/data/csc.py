@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 # Kept in the Data's __dict__ (not its storage), so PyG never slices, moves or lists it. The
 # transposed graph (out-edges, for sample_direction="backward") has a cache of its own.
@@ -223,12 +223,25 @@ def drop_cached_csc(data: Data) -> Data:
     return data
 
 
-def share_data(data: Data) -> Data:
-    """Builds ``data``'s CSC (once) and moves every tensor, CSC included, to shared memory.
+def edge_type_csc(data: HeteroData, edge_type: tuple, is_sorted: bool = False) -> CSC:
+    """The CSC of one edge type of a ``HeteroData`` (destination nodes as columns), cached with
+    its edge store."""
+    store = data[edge_type]
+    csc = cached_csc(store)
+    if csc is None:
+        csc = build_csc(store.edge_index, data[edge_type[-1]].num_nodes, is_sorted,
+                        num_src_nodes=data[edge_type[0]].num_nodes)
+        attach_csc(store, csc)
+    return csc
+
+
+def share_data(data: Data | HeteroData) -> Data | HeteroData:
+    """Builds ``data``'s CSC (once; one per edge type of a ``HeteroData``) and moves every
+    tensor, CSC included, to shared memory.
 
     Call it in the parent before starting ranks or DataLoader workers: they then map one copy
     of the graph instead of each building and holding their own. :func:`pyg_mgpu.spawn` calls
-    it for every ``Data`` in its ``args``.
+    it for every ``Data`` and ``HeteroData`` in its ``args``.
 
     Example:
         >>> from torch_geometric.data import Data
@@ -237,10 +250,16 @@ def share_data(data: Data) -> Data:
         >>> data.x.is_shared(), data.edge_index.is_shared()
         (True, True)
     """
-    csc = csc_of(data)
-    for key, value in data.items():
-        if isinstance(value, Tensor) and not value.is_cuda:
-            value.share_memory_()
-    if not csc.row.is_cuda:
-        csc.share_memory_()
+    if isinstance(data, HeteroData):
+        cscs = [edge_type_csc(data, edge_type) for edge_type in data.edge_types]
+        stores = data.stores
+    else:
+        cscs, stores = [csc_of(data)], [data]
+    for store in stores:
+        for value in store.values():
+            if isinstance(value, Tensor) and not value.is_cuda:
+                value.share_memory_()
+    for csc in cscs:
+        if not csc.row.is_cuda:
+            csc.share_memory_()
     return data

@@ -30,7 +30,9 @@ from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.cache import CACHE_ENV, cache_folder, default_cache_dir, load_cached
 from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, GraphStore
-from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS, load_hetero_dataset
+from pyg_mgpu.data.hetero_datasets import (HETERO_DATASETS, load_hetero_dataset,
+                                           load_hetero_graph)
+from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.data.npz import NpzArray, npz_members
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 
@@ -69,15 +71,18 @@ _NPZ_CONTENTS = ("edge_index [2, E] (int), x [N, F], y [N], train_idx, val_idx, 
 
 
 def load_configured(cfg: "TrainConfig", *, for_training: bool = True,
-                    placement: Optional[str] = None) -> GraphStore:
+                    placement: Optional[str] = None) -> GraphStore | HeteroGraph:
     """The dataset a run's config names (``--dataset --root --seed``, the synthetic size flags
     and the cache flags): the one place the launchers and the DGL comparison turn flags into
-    a graph.
+    a graph. A heterogeneous dataset (:data:`HETERO_DATASETS`) comes as a
+    :class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`, read without the converted-graph cache.
 
     ``for_training`` applies the run's storage choices (bf16 features with ``--amp bf16``);
     exports for other tools (the DGL comparison) leave it off and get the dataset as read.
     ``placement`` overrides ``--features-on`` (see :data:`pyg_mgpu.data.cache.PLACEMENTS`).
     """
+    if cfg.is_hetero:
+        return load_hetero_graph(cfg.dataset, cfg.root, seed=cfg.seed)
     spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
                          num_features=cfg.num_features, num_classes=cfg.num_classes,
                          train_fraction=cfg.split_fractions[0],
@@ -195,10 +200,10 @@ def load_graph(
     else:
         key = {n.lower(): n for n in DATASETS}.get(name.lower())
         if key is None and name.lower() in HETERO_DATASETS:
-            raise DatasetError(f"{name} is heterogeneous, and the CLI trains homogeneous "
+            raise DatasetError(f"{name} is heterogeneous, and load_graph converts homogeneous "
                                f"graphs: load it with pyg_mgpu.load_dataset({name!r}) (a "
-                               "HeteroData) and train it as "
-                               "examples/hetero_node_classification.py does.")
+                               "HeteroData), or train it with the CLI (--dataset "
+                               f"{name.lower()}).")
         if key is None:
             raise DatasetError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, "
                                "or a path ending in .npz.")

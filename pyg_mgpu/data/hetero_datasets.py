@@ -7,6 +7,10 @@ messages as the homogeneous OGB datasets. Papers carry features, the year, label
 time split as masks; the other node types (author, institution, field_of_study) have no features
 in OGB's release. Each of the four relations also gets its reverse (``rev_writes`` and so on), as
 PyG's recipes add with ``ToUndirected``, so that every node type receives messages.
+
+:func:`load_hetero_graph` is the CLI's route: the dataset as a
+:class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`, with features for the node types that have none
+(:func:`fill_missing_features`).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from typing import Optional, Union
 import numpy as np
 import torch
 from torch_geometric.data import HeteroData
+
+from pyg_mgpu.data.hetero_graph import HeteroGraph
 
 from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec, make_synthetic_hetero
 
@@ -32,6 +38,56 @@ def load_hetero_dataset(name: str, root: Union[str, Path, None] = None, *,
     if name.lower() == "synthetic-hetero":
         return make_synthetic_hetero(synthetic or SyntheticHeteroSpec(), seed=seed)
     return _load_ogbn_mag(Path(root) if root is not None else Path("data"))
+
+
+def load_hetero_graph(name: str, root: Union[str, Path, None] = None, *,
+                      seed: int = 0) -> HeteroGraph:
+    """The dataset for training: every node type with features (:func:`fill_missing_features`),
+    the labelled type (the one with ``y``) as the target."""
+    data = fill_missing_features(load_hetero_dataset(name, root, seed=seed))
+    target = next(t for t in data.node_types if "y" in data[t])
+    return HeteroGraph(name=name.lower(), data=data, target=target,
+                       num_classes=int(data.num_classes))
+
+
+def fill_missing_features(data: HeteroData) -> HeteroData:
+    """Gives every node type without features ``x`` the mean of its in-neighbours' features,
+    in place.
+
+    A round fills each featureless type that has in-edges from types with features at the
+    round's start (the mean over all those edges); rounds repeat until no type is left or none
+    can be filled. On ogbn-mag, authors and fields of study take their papers' mean, then
+    institutions their authors' (a common featurization of OGB-MAG's featureless types, which
+    reads features only, never labels). A node with no such in-edge gets zeros.
+
+    Raises:
+        ValueError: when a featureless type cannot be reached from any type with features.
+    """
+    while True:
+        have = {t for t in data.node_types if "x" in data[t]}
+        missing = [t for t in data.node_types if t not in have]
+        if not missing:
+            return data
+        filled = {}
+        for t in missing:
+            sources = [(s, data[s, r, d].edge_index) for s, r, d in data.edge_types
+                       if d == t and s in have]
+            if not sources:
+                continue
+            width = data[sources[0][0]].x.size(-1)
+            total = torch.zeros(data[t].num_nodes, width)
+            count = torch.zeros(data[t].num_nodes)
+            for s, edge_index in sources:
+                if data[s].x.size(-1) != width:
+                    continue  # one feature width per filled type: the first source's
+                total.index_add_(0, edge_index[1], data[s].x[edge_index[0]].float())
+                count.index_add_(0, edge_index[1], torch.ones(edge_index.size(1)))
+            filled[t] = total / count.clamp(min=1).unsqueeze(-1)
+        if not filled:
+            raise ValueError(f"node types {', '.join(missing)} have no features and no in-edges "
+                             "from a type that has them; give them features x.")
+        for t, x in filled.items():
+            data[t].x = x
 
 
 def _load_ogbn_mag(root: Path) -> HeteroData:
@@ -71,7 +127,7 @@ def _load_ogbn_mag(root: Path) -> HeteroData:
         n = data[node_type].num_nodes
         for key, name in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):
             mask = torch.zeros(n, dtype=torch.bool)
-            mask[torch.as_tensor(np.asarray(split[key][node_type]), dtype=torch.long)] = True
+            mask[torch.from_numpy(np.array(split[key][node_type], dtype=np.int64))] = True
             data[node_type][name] = mask
     data.num_classes = int(dataset.num_classes)
     return data

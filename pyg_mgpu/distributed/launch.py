@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.distributed import stop
@@ -531,12 +531,13 @@ def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
 def share_args(args: Sequence) -> None:
     """Moves the PyG graphs and CPU tensors in ``args`` to shared memory, in place.
 
-    A ``Data`` gets its CSC built first (:func:`~pyg_mgpu.data.csc.share_data`), so ranks
-    map one copy of the graph and its CSC instead of each building their own. Other
+    A ``Data`` gets its CSC built first, a ``HeteroData`` one per edge type
+    (:func:`~pyg_mgpu.data.csc.share_data`), so ranks map one copy of the graph and its CSCs
+    instead of each building their own. Other
     arguments, and tensors nested in containers, are pickled to each rank as they are.
     """
     for arg in args:
-        if isinstance(arg, Data):
+        if isinstance(arg, (Data, HeteroData)):
             share_data(arg)
         elif isinstance(arg, Tensor) and not arg.is_cuda:
             arg.share_memory_()

@@ -17,7 +17,7 @@ from torch_geometric.data import HeteroData
 from torch_geometric.sampler import HeteroSamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
-from pyg_mgpu.data.csc import CSC, attach_csc, build_csc, cached_csc
+from pyg_mgpu.data.csc import edge_type_csc
 from pyg_mgpu.sampling import remote
 from pyg_mgpu.sampling.draws import hop_edges
 from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _csc_weights,
@@ -26,17 +26,6 @@ from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _csc_weights,
 _UNSUPPORTED = ("pyg_mgpu samples HeteroData with subgraph_type 'directional' or "
                 "'bidirectional', uniform or weighted draws, with or without replacement; "
                 "{what} is not supported on heterogeneous graphs yet.")
-
-
-def edge_type_csc(data: HeteroData, edge_type: tuple, is_sorted: bool = False) -> CSC:
-    """The CSC of one edge type (destination nodes as columns), cached with its edge store."""
-    store = data[edge_type]
-    csc = cached_csc(store)
-    if csc is None:
-        csc = build_csc(store.edge_index, data[edge_type[-1]].num_nodes, is_sorted,
-                        num_src_nodes=data[edge_type[0]].num_nodes)
-        attach_csc(store, csc)
-    return csc
 
 
 def check_hetero_options(*, disjoint: bool, subgraph_type, time_attr: Optional[str],

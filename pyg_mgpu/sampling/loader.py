@@ -2,7 +2,9 @@
 GPU placement, the GPU feature cache and DataLoader workers chosen per rank.
 
 Batches are ordinary PyG ``Data`` objects (``x, y, edge_index, batch_size, n_id,
-num_sampled_nodes, num_sampled_edges``), as any PyG user's ``NeighborLoader`` gives them.
+num_sampled_nodes, num_sampled_edges``), as any PyG user's ``NeighborLoader`` gives them; over a
+heterogeneous graph (:class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`) they are ``HeteroData``
+with the seeds in the labelled type.
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
-from pyg_mgpu.data.csc import CSC, attach_csc
+from pyg_mgpu.data.csc import CSC, attach_csc, edge_type_csc
 from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 
@@ -49,6 +52,19 @@ def graph_as_data(graph: GraphStore, with_features: bool = True) -> Data:
     return attach_csc(data, CSC(graph.colptr, graph.row, perm=None, edge_index=slot))
 
 
+def hetero_as_data(graph: HeteroGraph) -> HeteroData:
+    """What a batch of the heterogeneous graph needs (features, the target's labels, the
+    edges), with every edge type's shared CSC attached: batches then slice no split masks."""
+    data = HeteroData()
+    for t in graph.data.node_types:
+        data[t].x = graph.data[t].x
+    data[graph.target].y = graph.data[graph.target].y
+    for et in graph.data.edge_types:
+        data[et].edge_index = graph.data[et].edge_index
+        attach_csc(data[et], edge_type_csc(graph.data, et))
+    return data
+
+
 def _pyg_sampler(graph: GraphStore, fanout: Sequence[int]):
     """PyG's own sampler (pyg-lib or torch-sparse), for the PyG-recipe baseline."""
     from torch_geometric.sampler import NeighborSampler as PyGNeighborSampler
@@ -66,7 +82,8 @@ def place_graph(graph: GraphStore, device: torch.device, placement: str,
     is the GPU memory the ``auto`` choice goes by (default: this GPU's free memory; the trainer
     passes the least of all ranks', so that every rank chooses alike).
     """
-    if device.type != "cuda" or placement == "cpu" or sampler == "pyg":
+    if device.type != "cuda" or placement == "cpu" or sampler == "pyg" or \
+            isinstance(graph, HeteroGraph):  # the heterogeneous sampler reads the host copy
         return graph
     if placement == "auto":
         if free_bytes is None:
@@ -84,7 +101,8 @@ def make_feature_cache(graph: GraphStore, device: torch.device,
     ``budget_gb`` caps its size; None takes up to a quarter of the card's free memory (the rest
     is for activations and the allocator), 0 turns the cache off.
     """
-    if device.type != "cuda" or graph.x.is_cuda or budget_gb == 0:
+    if device.type != "cuda" or isinstance(graph, HeteroGraph) or graph.x.is_cuda or \
+            budget_gb == 0:
         return None
     if budget_gb is None:
         budget = torch.cuda.mem_get_info(device)[0] // 4
@@ -128,8 +146,8 @@ def _leave_stops_to_the_rank(worker_id: int) -> None:
     threading.Thread(target=take_signals, name="pyg_mgpu-worker-signals", daemon=True).start()
 
 
-def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], sampler: str,
-                seed: int, batch_size: int, num_workers: int = 0,
+def make_loader(graph: GraphStore | HeteroGraph, nodes: Tensor, *, fanout: Sequence[int],
+                sampler: str, seed: int, batch_size: int, num_workers: int = 0,
                 rank: Optional[int] = None, world_size: Optional[int] = None,
                 feature_cache: Optional[FeatureCache] = None,
                 device: Optional[torch.device] = None) -> NeighborLoader:
@@ -138,12 +156,16 @@ def make_loader(graph: GraphStore, nodes: Tensor, *, fanout: Sequence[int], samp
 
     Features and labels stay in the graph's (shared) memory; each batch gathers its rows, the
     features through ``feature_cache`` when given (in the consuming thread, never in workers).
-    ``device`` is where the batches go: host batches bound for a GPU are pinned.
+    ``device`` is where the batches go: host batches bound for a GPU are pinned. On a
+    :class:`HeteroGraph`, ``nodes`` are of its labelled type.
     """
-    on_gpu = graph.x.is_cuda
+    if isinstance(graph, HeteroGraph):
+        on_gpu, data, nodes = False, hetero_as_data(graph), (graph.target, nodes)
+    else:
+        on_gpu = graph.x.is_cuda
+        data = graph_as_data(graph, with_features=feature_cache is None)
     if on_gpu:
         num_workers = 0  # sampling runs on the GPU in this process; workers cannot use CUDA
-    data = graph_as_data(graph, with_features=feature_cache is None)
     # Workers may not touch CUDA: with the cache, its gather runs in the consuming thread.
     filter_per_worker = num_workers > 0 and feature_cache is None
     distributed = rank is not None

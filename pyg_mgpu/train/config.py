@@ -19,8 +19,10 @@ BACKENDS = ("auto", "nccl", "gloo")
 # PyG's multi-GPU example as written (every layer on every sampled node, gather/scatter
 # messages, torch dropout), kept as the benchmark baseline.
 RECIPES = ("pyg_mgpu", "pyg")
-# "sage": our GraphSAGE (the fast path above); the others are PyG's models (nn/models.py).
-MODELS = ("sage", "gcn", "gat", "gin")
+# "sage": our GraphSAGE (the fast path above); gcn, gat, gin: PyG's models (nn/models.py). On a
+# heterogeneous dataset: sage = SAGEConv per edge type, rgcn = R-GCN (nn/hetero.py).
+HOMOGENEOUS_MODELS = ("sage", "gcn", "gat", "gin")
+MODELS = HOMOGENEOUS_MODELS + ("rgcn",)
 # Normalization after each hidden layer of PyG's models (--model gcn, gat, gin), and inside
 # GIN's MLPs: PyG's BatchNorm (per batch in training, running statistics in evaluation) or
 # LayerNorm over each node's features.
@@ -45,6 +47,9 @@ MODEL_RECIPES = {
     # at hidden 256 without normalization its ReLUs died and it predicted one class (0.319).
     "gin": {"lr": 0.01, "hidden": 64, "dropout": 0.5, "weight_decay": 5e-4, "heads": 8,
             "norm": "layer"},
+    # R-GCN (heterogeneous datasets only) as OGB's sampled ogbn-mag baseline trains it.
+    "rgcn": {"lr": 0.01, "hidden": 64, "dropout": 0.5, "weight_decay": 0.0, "heads": 8,
+             "norm": "none"},
 }
 RECIPE_FIELDS = ("lr", "hidden", "dropout", "weight_decay", "heads", "norm")
 # Where the graph lives for the ranks: copied to /dev/shm, or left in the graph cache's files
@@ -187,16 +192,47 @@ class TrainConfig:
             raise ConfigError("--resume auto continues from --out's checkpoint when there is "
                               "one; give --out (the folder every restart of the job shares).")
 
+    @property
+    def is_hetero(self) -> bool:
+        """Whether ``--dataset`` names a heterogeneous graph (``HeteroData``)."""
+        from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS
+        return self.dataset.lower() in HETERO_DATASETS
+
+    def _check_hetero(self) -> None:
+        """What the heterogeneous path does not do (yet), each with its way out."""
+        from pyg_mgpu.nn.hetero import HETERO_MODELS
+        if self.model not in HETERO_MODELS:
+            raise ConfigError(f"--dataset {self.dataset} is heterogeneous: --model must be one "
+                              f"of {', '.join(HETERO_MODELS)}, got {self.model}.")
+        refused = {"--recipe pyg": self.recipe == "pyg",
+                   "--inference layerwise": self.inference == "layerwise",
+                   "--sampler pyg": self.sampler == "pyg",
+                   "--graph-on gpu": self.graph_on == "gpu",
+                   "--compile": self.compile,
+                   "--features-on mmap": self.features_on == "mmap"}
+        for flag, given in refused.items():
+            if given:
+                raise ConfigError(f"{flag} is for homogeneous datasets; --dataset "
+                                  f"{self.dataset} is heterogeneous (its graph stays in shared "
+                                  "host memory and trains with sampled evaluation): drop "
+                                  f"{flag.split()[0]}.")
+
     def _check_model(self) -> None:
         """The options that work with one model only."""
+        if self.is_hetero:
+            self._check_hetero()
+        elif self.model == "rgcn":
+            raise ConfigError(f"--model rgcn is for heterogeneous datasets (ogbn-mag, "
+                              f"synthetic-hetero); --dataset {self.dataset} is homogeneous: use "
+                              "sage, gcn, gat or gin.")
         if self.model == "gat" and self.hidden % self.heads:
             raise ConfigError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}: "
                               "PyG's GAT splits each hidden layer's channels over its heads; "
                               "choose a multiple of --heads.")
-        if self.model == "sage":
+        if self.model in ("sage", "rgcn"):
             if self.norm != "none":
                 raise ConfigError(f"--norm {self.norm} is for PyG's models (--model gcn, gat, "
-                                  "gin); our GraphSAGE has no normalization layers.")
+                                  f"gin); --model {self.model} has no normalization layers.")
             return
         if self.recipe == "pyg":
             raise ConfigError(f"--recipe pyg is PyG's GraphSAGE example as written and runs "

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import attach_csc, csc_of
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
@@ -76,7 +76,24 @@ def global_ratio(numerator: Union[float, Tensor], denominator: Union[float, Tens
     return float(totals[0] / totals[1])
 
 
-def _seed_logits(model: torch.nn.Module, batch: Data) -> Tensor:
+def seed_store(batch):
+    """Where a batch's seeds are: the batch itself, or in a ``HeteroData`` batch the store of
+    the node type that PyG's loader gave a ``batch_size`` (the seeds' type). Its first
+    ``batch_size`` rows of ``y`` are the seeds' labels."""
+    if isinstance(batch, HeteroData):
+        for store in batch.node_stores:
+            if "batch_size" in store:
+                return store
+        raise ValueError("the HeteroData batch has no node type with a batch_size; it must come "
+                         "from a NeighborLoader with input_nodes=(node_type, nodes).")
+    return batch
+
+
+def _seed_logits(model: torch.nn.Module, batch: Data | HeteroData) -> Tensor:
+    if isinstance(batch, HeteroData):  # PyG's heterogeneous models return a dict per type
+        seeds = seed_store(batch)
+        out = model(batch.x_dict, batch.edge_index_dict)
+        return (out[seeds._key] if isinstance(out, dict) else out)[:seeds.batch_size]
     return model(batch.x, batch.edge_index)[:batch.batch_size]
 
 
@@ -89,7 +106,9 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
     Each batch is a PyG mini-batch (e.g. from ``NeighborLoader``): its first ``batch_size``
     rows are the seed nodes, the rest only their neighbourhood. ``model(batch.x,
     batch.edge_index)`` is evaluated in eval mode (the model's mode is restored afterwards),
-    and its argmax on the seed rows compared with ``batch.y``.
+    and its argmax on the seed rows compared with ``batch.y``. A ``HeteroData`` batch
+    (``input_nodes=(node_type, nodes)``) is evaluated as ``model(batch.x_dict,
+    batch.edge_index_dict)``, on the seeds' node type (of the returned dict, if it is one).
 
     Args:
         model: The model; pass the unwrapped one (``ddp.module``), since
@@ -130,11 +149,11 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
     with _eval_mode(model):
         for batch in loader:
             batch = batch.to(device)
-            seeds = batch.batch_size
+            seeds = seed_store(batch)
             logits = forward(model, batch)
             # Summed on the device: one host read at the end, not one per batch.
-            correct += (logits.argmax(dim=-1) == batch.y[:seeds]).sum()
-            total += seeds
+            correct += (logits.argmax(dim=-1) == seeds.y[:seeds.batch_size]).sum()
+            total += seeds.batch_size
     return global_ratio(correct, total, sum_over_ranks=sum_over_ranks)
 
 

@@ -22,7 +22,7 @@ from pyg_mgpu.distributed.launch import RankContext
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.evaluation import all_reduce_sum, global_ratio
+from pyg_mgpu.train.evaluation import all_reduce_sum, global_ratio, seed_store
 
 
 @dataclass
@@ -62,21 +62,29 @@ class StageTimer:
 
 
 def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
-             amp: bool = False) -> torch.Tensor:
+                amp: bool = False) -> torch.Tensor:
     """Seed logits (float32) of a sampled batch.
 
     Trimming needs the per-hop counts; PyG's sampler gives them only with pyg-lib (not with
     torch-sparse), and without them every layer runs on every node, which is slower but exact.
+    A ``HeteroData`` batch is passed as ``model(x_dict, edge_index_dict)``, untrimmed; a model
+    that returns a dict per node type has the seeds' type taken from it.
     """
-    trim = trim and getattr(batch, "num_sampled_nodes", None) is not None
-    with torch.autocast(batch.x.device.type, dtype=torch.bfloat16, enabled=amp):
-        if trim:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
+    seeds = seed_store(batch)
+    hetero = seeds is not batch
+    trim = trim and not hetero and getattr(batch, "num_sampled_nodes", None) is not None
+    with torch.autocast(seeds.x.device.type, dtype=torch.bfloat16, enabled=amp):
+        if hetero:
+            out = model(batch.x_dict, batch.edge_index_dict)
+            if isinstance(out, dict):
+                out = out[seeds._key]
+        elif trim:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
             out = model(batch.x, batch.edge_index,
                         num_sampled_nodes_per_hop=batch.num_sampled_nodes,
                         num_sampled_edges_per_hop=batch.num_sampled_edges)
         else:  # PyG's recipe: every layer on every sampled node
             out = model(batch.x, batch.edge_index)
-    return out[:batch.batch_size].float()
+    return out[:seeds.batch_size].float()
 
 
 class EpochTotals:
@@ -215,7 +223,8 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
         timer.start()
         batch = load_next()
         while batch is not None:
-            y = batch.y[:batch.batch_size]
+            seeds = seed_store(batch)
+            y = seeds.y[:seeds.batch_size]
             optimizer.zero_grad(set_to_none=True)
             out = seed_logits(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
             loss = F.cross_entropy(out, y)

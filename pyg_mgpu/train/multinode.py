@@ -20,6 +20,7 @@ from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.loop import fewest_and_most
 from pyg_mgpu.data.datasets import load_configured
 from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.distributed.launch import RankContext, torchrun_process_group
 from pyg_mgpu.sampling.sharding import check_shardable
 
@@ -31,13 +32,18 @@ def _shm_path() -> Path:
     return Path("/dev/shm") / f"pyg_mgpu-{job}-{port}-node{node}.pt"
 
 
-def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore:
+def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore | HeteroGraph:
     """Local rank 0 loads the graph once; every local rank then maps one copy of it.
 
     With the graph cache (the default), local rank 0 converts or checks it and every rank maps
     the cache files, sharing their pages through the page cache. With ``--no-cache``, local
-    rank 0 writes the graph to a ``/dev/shm`` file that every rank maps.
+    rank 0 writes the graph to a ``/dev/shm`` file that every rank maps. A heterogeneous graph
+    is read by every rank.
     """
+    if cfg.is_hetero:  # no graph cache: each rank reads the dataset (a copy per rank)
+        graph = load_configured(cfg) if ctx.local_rank == 0 else None
+        dist.barrier()  # local rank 0 first: OGB writes its processed files once
+        return graph or load_configured(cfg)
     if not cfg.no_cache:
         graph = load_configured(cfg, placement="mmap") if ctx.local_rank == 0 else None
         dist.barrier()

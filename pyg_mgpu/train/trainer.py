@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -23,9 +23,11 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
 from pyg_mgpu.distributed.launch import RankContext
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
+from pyg_mgpu.nn.hetero import HeteroGNN
 from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.sampling.loader import make_feature_cache, make_loader, place_graph, resolve_sampler
@@ -40,6 +42,8 @@ from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
 
+Graph = Union[GraphStore, HeteroGraph]  # a homogeneous dataset, or a heterogeneous one
+
 
 @dataclass
 class Trainee:
@@ -52,16 +56,21 @@ class Trainee:
     grad_sync: Optional[DeferredAllReduce]
 
 
-def build_ddp(cfg: TrainConfig, graph: GraphStore, ctx: RankContext) -> Trainee:
+def build_ddp(cfg: TrainConfig, graph: Graph, ctx: RankContext) -> Trainee:
     """The model (identical initial weights on every rank), wrapped in DDP, and its optimizer."""
     torch.manual_seed(cfg.seed)
     ours = cfg.recipe == "pyg_mgpu"
     # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
     # --compile inductor fuses PyG's plain ReLU and dropout instead.
-    model = build_model(cfg.model, graph.num_features, cfg.hidden, graph.num_classes,
-                        cfg.num_layers, cfg.dropout, heads=cfg.heads, norm=cfg.norm,
-                        sparse_aggregation=ours,
-                        fast_dropout=ours and not cfg.compile).to(ctx.device)
+    if isinstance(graph, HeteroGraph):
+        model = HeteroGNN(graph.data.metadata(), graph.num_features, cfg.hidden,
+                          graph.num_classes, cfg.num_layers, graph.target, cfg.dropout,
+                          conv=cfg.model).to(ctx.device)
+    else:
+        model = build_model(cfg.model, graph.num_features, cfg.hidden, graph.num_classes,
+                            cfg.num_layers, cfg.dropout, heads=cfg.heads, norm=cfg.norm,
+                            sparse_aggregation=ours,
+                            fast_dropout=ours and not cfg.compile).to(ctx.device)
     if cfg.compile:
         model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
     # CPU ranks overlap the gradient all-reduce with loading the next batch; PyG's recipe
@@ -79,7 +88,7 @@ class Evaluator:
     """Validation/test accuracy on rank 0 alone, or sharded over all ranks; known on every rank
     afterwards."""
 
-    def __init__(self, graph: GraphStore, cfg: TrainConfig, ctx: RankContext, sampler: str,
+    def __init__(self, graph: Graph, cfg: TrainConfig, ctx: RankContext, sampler: str,
                  feature_cache: Optional[FeatureCache] = None):
         self.ctx, self.graph, self.cfg = ctx, graph, cfg
         self.feature_cache = feature_cache
@@ -113,14 +122,14 @@ class Evaluator:
 class RankData:
     """This rank's view of the graph and its loaders."""
 
-    graph: GraphStore  # on this rank's GPU, or the shared host copy
+    graph: Graph  # on this rank's GPU, or the shared host copy
     sampler: str
     train_loader: NeighborLoader
     evaluator: Evaluator
     feature_cache: Optional[FeatureCache]
 
 
-def build_loaders(cfg: TrainConfig, graph: GraphStore, ctx: RankContext) -> RankData:
+def build_loaders(cfg: TrainConfig, graph: Graph, ctx: RankContext) -> RankData:
     """Places the graph for this rank and builds its sharded training loader and evaluator."""
     sampler = resolve_sampler(cfg.sampler)
     graph = place_graph(graph, ctx.device, cfg.graph_on, sampler, _least_free_gpu_bytes(ctx))
@@ -346,7 +355,7 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
                    f"test acc {results['test_acc_exact']:.4f}")
 
 
-def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir: str,
+def run_training(ctx: RankContext, graph: Graph, cfg: TrainConfig, out_dir: str,
                  run_info: Optional[dict] = None) -> None:
     """The rank function: trains, evaluates and (rank 0) writes the run's outputs.
 
@@ -356,7 +365,7 @@ def run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir:
         _run_training(ctx, graph, cfg, out_dir, run_info)
 
 
-def _run_training(ctx: RankContext, graph: GraphStore, cfg: TrainConfig, out_dir: str,
+def _run_training(ctx: RankContext, graph: Graph, cfg: TrainConfig, out_dir: str,
                   run_info: Optional[dict]) -> None:
     wall_start = time.perf_counter()
     out = Path(out_dir)

@@ -1,0 +1,96 @@
+"""A heterogeneous graph as the CLI trains it: PyG's ``HeteroData`` plus the labelled node type.
+
+The ``HeteroData`` itself is what the ranks sample from (:class:`pyg_mgpu.NeighborLoader` with
+``input_nodes=(target, nodes)``); this wrapper adds what the trainer reads of any graph (the
+splits as node ids of the target type, sizes for the logs and metrics) and shares the data,
+one CSC per edge type included, before the ranks start.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+from torch_geometric.data import HeteroData
+
+from pyg_mgpu.data.csc import share_data
+from pyg_mgpu.data.graph import DatasetError, check_shm_room
+
+
+@dataclass
+class HeteroGraph:
+    """``data``'s node type ``target`` carries the labels ``y`` and the boolean ``train_mask``,
+    ``val_mask`` and ``test_mask``; every node type carries features ``x``.
+
+    Raises:
+        DatasetError: when the target type lacks labels or masks, or a node type lacks
+            features (the message names them).
+    """
+
+    name: str
+    data: HeteroData
+    target: str
+    num_classes: int
+    splits: dict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        store = self.data[self.target]
+        missing = [key for key in ("y", "train_mask", "val_mask", "test_mask")
+                   if key not in store]
+        if missing:
+            raise DatasetError(f"{self.name}: node type {self.target!r} has no "
+                               f"{', '.join(missing)}; the labelled type needs labels y and "
+                               "boolean train_mask, val_mask and test_mask.")
+        featureless = [t for t in self.data.node_types if "x" not in self.data[t]]
+        if featureless:
+            raise DatasetError(f"{self.name}: node types {', '.join(featureless)} have no "
+                               "features x; give every node type features (ogbn-mag's loader "
+                               "fills them with their neighbours' mean).")
+        self.splits = {split: store[split.replace("_idx", "_mask")].nonzero().view(-1)
+                       for split in ("train_idx", "val_idx", "test_idx")}
+
+    @property
+    def train_idx(self) -> Tensor:
+        return self.splits["train_idx"]
+
+    @property
+    def val_idx(self) -> Tensor:
+        return self.splits["val_idx"]
+
+    @property
+    def test_idx(self) -> Tensor:
+        return self.splits["test_idx"]
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(self.data[t].num_nodes for t in self.data.node_types)
+
+    @property
+    def num_edges(self) -> int:
+        return sum(self.data[t].num_edges for t in self.data.edge_types)
+
+    @property
+    def num_features(self) -> dict[str, int]:
+        """Feature width per node type."""
+        return {t: self.data[t].x.size(-1) for t in self.data.node_types}
+
+    def _tensors(self) -> list[Tensor]:
+        return [v for store in self.data.stores for v in store.values() if isinstance(v, Tensor)]
+
+    def nbytes(self) -> int:
+        """Bytes held by the graph's tensors (its CSCs not counted)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def share_memory_(self, shm_dir: str = "/dev/shm") -> "HeteroGraph":
+        """Builds every edge type's CSC and moves the graph, CSCs and splits to shared memory."""
+        check_shm_room(self.name, 2 * self.nbytes(), shm_dir)  # the CSCs about double it
+        share_data(self.data)
+        for t in self.splits.values():
+            t.share_memory_()
+        return self
+
+    def summary(self) -> str:
+        types = ", ".join(f"{t} {self.data[t].num_nodes:,}" for t in self.data.node_types)
+        return (f"{self.name}: {self.num_nodes:,} nodes ({types}), {self.num_edges:,} edges of "
+                f"{len(self.data.edge_types)} types, {self.num_classes} classes of "
+                f"{self.target}, train/val/test {self.train_idx.numel():,}/"
+                f"{self.val_idx.numel():,}/{self.test_idx.numel():,}")
