@@ -6,7 +6,8 @@
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes,
 #                                                          # per-stage profile at 2.4M nodes
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, a stop and resume,
-#                                                          # the heterogeneous example,
+#                                                          # the heterogeneous example
+#                                                          # and CLI,
 #                                                          # 2 gloo ranks on one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
 #                                                          # with nvidia-smi sampling
@@ -171,6 +172,10 @@ if want variants; then
   # its metrics.json has test_acc against features_only_test_acc.
   step hetero_example 240 "$PY" examples/hetero_node_classification.py --devices "$DEV" \
     --epochs "$EPOCHS" --out "$OUT/hetero_example"
+  # The CLI's heterogeneous path on the GPU (graph in host memory, batches prefetched to the
+  # GPU), one NCCL rank: test_acc against the CPU runs' (README's synthetic-hetero row).
+  step hetero_cli 240 "$PY" -m pyg_mgpu.distributed_sampling --devices "$DEV" \
+    --dataset synthetic-hetero --out "$OUT/hetero_cli"
   # Multi-rank CUDA logic on one GPU: 2 ranks over gloo (NCCL refuses two ranks on one GPU).
   train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
     --inference layerwise

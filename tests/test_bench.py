@@ -128,7 +128,7 @@ GPU_SUITE_PARTS = {
     "sampler": ["sampler_1m", "sampler_2_4m", "profile_products"],
     "variants": ["graph_gpu", "graph_cpu_cache", "graph_cpu_mmap", "amp_bf16", "compile",
                  "prefetch2", "layerwise", "eval_all", "resume", "stop_resume", "hetero_example",
-                 "gloo_2ranks"],
+                 "hetero_cli", "gloo_2ranks"],
     "full": ["products"],
 }
 
