@@ -43,9 +43,10 @@ def check_names_callers_edges(data, batch):
         assert torch.equal(batch[et].edge_attr, data[et].edge_attr[e_id])
 
 
-def typed_reach(data, seed_type, seeds, hops):
+def typed_reach(data, seed_type, seeds, hops, keep=lambda et, e: True):
     """Per type, the nodes and edge ids that sampling every neighbour must give (PyG's hops:
-    each hop expands only the nodes that the previous hop added)."""
+    each hop expands only the nodes that the previous hop added); ``keep(edge_type, e)``
+    says which edges may be drawn at all."""
     nodes = {t: set() for t in data.node_types}
     nodes[seed_type] = set(seeds)
     frontier = {t: set(v) for t, v in nodes.items()}
@@ -56,7 +57,7 @@ def typed_reach(data, seed_type, seeds, hops):
             src, _, dst = et
             ei = data[et].edge_index
             for e in range(ei.size(1)):
-                if int(ei[1, e]) in frontier[dst]:
+                if int(ei[1, e]) in frontier[dst] and keep(et, e):
                     edges[et].add(e)
                     if int(ei[0, e]) not in nodes[src]:
                         added[src].add(int(ei[0, e]))
@@ -172,14 +173,154 @@ def test_same_seed_same_batches():
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
-def test_refuses_what_it_cannot_do_yet():
+def sample(sampler, seeds, seed_type="paper", time=None):
+    return sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor(seeds), time=time,
+                                                      input_type=seed_type))
+
+
+def trees(out, data):
+    """Per tree (seed position): per node type, its nodes; and per edge type, its edge ids."""
+    result = {}
+    for t in data.node_types:
+        for node, tree in zip(out.node[t].tolist(), out.batch[t].tolist()):
+            result.setdefault(tree, ({u: [] for u in data.node_types}, {}))[0][t].append(node)
+    return result
+
+
+def test_disjoint_grows_one_tree_per_seed():
     data = academic_graph()
-    for options, what in (({"disjoint": True}, "disjoint"),
-                          ({"subgraph_type": "induced"}, "induced"),
-                          ({"time_attr": "x"}, "temporal"),
-                          ({"sample_direction": "backward"}, "backward")):
-        with pytest.raises(ValueError, match=what):
+    sampler = pyg_mgpu.NeighborSampler(data, [-1, -1], disjoint=True, seed=0)
+    seeds = [3, 11, 3]  # a repeated seed gets a tree of its own
+    out = sample(sampler, seeds)
+    assert out.node["paper"][:3].tolist() == seeds and out.batch["paper"][:3].tolist() == [0, 1, 2]
+    for tree, (nodes, _) in trees(out, data).items():
+        expected, _ = typed_reach(data, "paper", [seeds[tree]], 2)
+        for t in data.node_types:
+            assert sorted(nodes[t]) == sorted(expected[t]), (tree, t)  # each once per tree
+    for et in data.edge_types:  # every edge joins two nodes of the same tree
+        src, _, dst = et
+        assert torch.equal(out.batch[src][out.row[et]], out.batch[dst][out.col[et]])
+    loader = pyg_mgpu.NeighborLoader(data, [2, 2], input_nodes=("paper", None), batch_size=8,
+                                     disjoint=True, seed=0)
+    for batch in loader:
+        check_names_callers_edges(data, batch)
+        size = batch["paper"].batch_size
+        assert batch["paper"].batch[:size].tolist() == list(range(size))
+
+
+def timed_graph():
+    data = academic_graph()
+    gen = torch.Generator().manual_seed(1)
+    data["paper"].time = torch.randint(0, 100, (data["paper"].num_nodes,), generator=gen)
+    data["author"].time = torch.randint(0, 100, (data["author"].num_nodes,), generator=gen)
+    return data
+
+
+def test_node_time_bounds_every_tree_by_its_seeds_time():
+    data = timed_graph()
+    sampler = pyg_mgpu.NeighborSampler(data, [-1, -1], time_attr="time", seed=0)
+    assert sampler.disjoint  # temporal sampling grows a tree per seed, as PyG's
+    seeds, limits = [3, 11, 12], [50, 90, 10]
+    out = sample(sampler, seeds, time=torch.tensor(limits))
+    found = trees(out, data)
+    for tree, seed in enumerate(seeds):
+        def no_later(et, e, tree=tree):
+            return int(data[et[0]].time[data[et].edge_index[0, e]]) <= limits[tree]
+        expected, _ = typed_reach(data, "paper", [seed], 2, keep=no_later)
+        for t in data.node_types:
+            assert sorted(found[tree][0][t]) == sorted(expected[t]), (tree, t)
+    # Without input_time each seed's own timestamp bounds its tree.
+    own = sample(sampler, seeds)
+    timed = sample(sampler, seeds, time=data["paper"].time[torch.tensor(seeds)])
+    for t in data.node_types:
+        assert torch.equal(own.node[t], timed.node[t])
+
+
+def test_edge_time_and_the_last_strategy():
+    data = academic_graph()
+    for et in data.edge_types:
+        data[et].stamp = torch.randperm(data[et].num_edges, generator=torch.Generator()
+                                        .manual_seed(len(et[1])))
+    loader = pyg_mgpu.NeighborLoader(data, [3, 3], input_nodes=("paper", None), batch_size=6,
+                                     time_attr="stamp", input_time=torch.full((60,), 150),
+                                     seed=0)
+    for batch in loader:
+        check_names_callers_edges(data, batch)
+        for et in data.edge_types:
+            assert bool((batch[et].stamp <= 150).all())
+    # 'last': every destination keeps its most recent eligible in-edges.
+    sampler = pyg_mgpu.NeighborSampler(data, [2], time_attr="stamp", temporal_strategy="last",
+                                       seed=0)
+    out = sample(sampler, [5], time=torch.tensor([200]))
+    for et in (CITES, WRITES):
+        ids = sampler.edge_permutation[et][out.edge[et]]
+        ei, stamp = data[et].edge_index, data[et].stamp
+        eligible = ((ei[1] == 5) & (stamp <= 200)).nonzero().view(-1)
+        expected = eligible[stamp[eligible].argsort()][-2:]
+        assert sorted(ids.tolist()) == sorted(expected.tolist()), et
+
+
+def test_induced_keeps_every_edge_among_the_sampled_nodes():
+    data = academic_graph()
+    sampler = pyg_mgpu.NeighborSampler(data, [2, 2], subgraph_type="induced", seed=0)
+    out = sample(sampler, [3, 11, 12])
+    assert out.num_sampled_nodes is None  # as PyG's induced sampling
+    for et in data.edge_types:
+        src, _, dst = et
+        ei = data[et].edge_index
+        inside = torch.isin(ei[0], out.node[src]) & torch.isin(ei[1], out.node[dst])
+        ids = sampler.edge_permutation[et][out.edge[et]]
+        assert sorted(ids.tolist()) == inside.nonzero().view(-1).tolist(), et
+        assert torch.equal(out.node[src][out.row[et]], ei[0, ids])
+        assert torch.equal(out.node[dst][out.col[et]], ei[1, ids])
+
+
+def test_backward_walks_each_edge_type_from_its_source():
+    data = academic_graph()
+    reverse = HeteroData()
+    for t in data.node_types:
+        reverse[t].x = data[t].x
+    for src, rel, dst in data.edge_types:
+        reverse[dst, rel, src].edge_index = data[src, rel, dst].edge_index.flip(0)
+    backward = pyg_mgpu.NeighborSampler(data, [-1, -1], sample_direction="backward", seed=0)
+    forward = pyg_mgpu.NeighborSampler(reverse, [-1, -1], seed=0)
+    got, expected = sample(backward, [3, 11]), sample(forward, [3, 11])
+    for t in data.node_types:
+        assert torch.equal(got.node[t], expected.node[t])
+    for src, rel, dst in data.edge_types:  # the same edges, under the graph's own types
+        et, rt = (src, rel, dst), (dst, rel, src)
+        assert torch.equal(got.row[et], expected.col[rt])
+        assert torch.equal(got.col[et], expected.row[rt])
+        assert torch.equal(backward.edge_permutation[et][got.edge[et]],
+                           forward.edge_permutation[rt][expected.edge[rt]])
+    loader = pyg_mgpu.NeighborLoader(data, [2, 2], input_nodes=("paper", None), batch_size=8,
+                                     neighbor_sampler=pyg_mgpu.NeighborSampler(
+                                         data, [2, 2], sample_direction="backward", seed=0))
+    for batch in loader:
+        check_names_callers_edges(data, batch)
+
+
+def test_refuses_what_pyg_refuses():
+    data = timed_graph()
+    for options, error, what in (
+            ({"disjoint": True, "subgraph_type": "induced"}, ValueError, "induced"),
+            ({"time_attr": "time", "subgraph_type": "induced"}, ValueError, "induced"),
+            ({"time_attr": "time", "sample_direction": "backward"}, NotImplementedError,
+             "backward"),
+            ({"time_attr": "time", "weight_attr": "edge_attr"}, ValueError, "weighted"),
+            ({"time_attr": "nowhere"}, ValueError, "neither a node-level"),
+            ({"sample_direction": "sideways"}, ValueError, "sample_direction")):
+        with pytest.raises(error, match=what):
             pyg_mgpu.NeighborSampler(data, [2], **options)
+    edge_timed = academic_graph()
+    edge_timed[CITES].stamp = torch.arange(300)
+    sampler = pyg_mgpu.NeighborSampler(edge_timed, [2], time_attr="stamp")
+    with pytest.raises(ValueError, match="input_time"):
+        sample(sampler, [1])  # edge timestamps: the seeds' times must be given
+    with pytest.raises(ValueError, match="input_time was given"):
+        sample(pyg_mgpu.NeighborSampler(data, [2]), [1], time=torch.tensor([5]))
+    with pytest.raises(ValueError, match="homogeneous graphs"):
+        pyg_mgpu.BidirectionalNeighborSampler(data, [2])
     with pytest.raises(ValueError, match="outside"):
         data[WRITES].edge_index = torch.tensor([[0], [1000]])
         pyg_mgpu.NeighborSampler(data, [2])

@@ -1,10 +1,11 @@
 """Heterogeneous node classification: the models, the featurization of ogbn-mag's featureless
 types, and the CLI on 2 CPU ranks (accuracy against features only, resume, OGB's raw files)."""
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch_geometric.data import HeteroData
 from torch_geometric.nn import SAGEConv, to_hetero
 
@@ -14,6 +15,9 @@ from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec, make_synthetic_h
 from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.nn.hetero import HeteroGNN, layer_plan
 from test_datasets import no_stdin, offline, write_ogbn_mag  # noqa: F401 (fixtures)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from hetero_node_classification import features_only_accuracy  # noqa: E402
 
 SMALL = SyntheticHeteroSpec(num_papers=300, num_authors=120, num_cites=1500, num_writes=900)
 MAG_EDGE_TYPES = [("author", "affiliated_with", "institution"), ("author", "writes", "paper"),
@@ -117,21 +121,6 @@ def test_accuracy_reads_the_seed_type_of_heterogeneous_batches():
     mask = data["paper"].val_mask
     expected = float((predicted[mask] == data["paper"].y[mask]).float().mean())
     assert pyg_mgpu.accuracy(model, loader, sum_over_ranks=False) == pytest.approx(expected)
-
-
-def features_only_accuracy(data: HeteroData) -> float:
-    """A logistic regression on the papers' own features."""
-    paper = data["paper"]
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(paper.x.size(1), data.num_classes)
-    optimizer = torch.optim.Adam(linear.parameters(), lr=0.01)
-    for _ in range(200):
-        optimizer.zero_grad()
-        F.cross_entropy(linear(paper.x[paper.train_mask]), paper.y[paper.train_mask]).backward()
-        optimizer.step()
-    with torch.no_grad():
-        predicted = linear(paper.x[paper.test_mask]).argmax(-1)
-    return float((predicted == paper.y[paper.test_mask]).float().mean())
 
 
 CLI = ["--dataset", "synthetic-hetero", "--devices", "cpu", "--nprocs", "2"]

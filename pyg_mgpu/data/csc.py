@@ -223,15 +223,18 @@ def drop_cached_csc(data: Data) -> Data:
     return data
 
 
-def edge_type_csc(data: HeteroData, edge_type: tuple, is_sorted: bool = False) -> CSC:
-    """The CSC of one edge type of a ``HeteroData`` (destination nodes as columns), cached with
-    its edge store."""
+def edge_type_csc(data: HeteroData, edge_type: tuple, is_sorted: bool = False,
+                  transpose: bool = False) -> CSC:
+    """The CSC of one edge type of a ``HeteroData`` (destination nodes as columns; with
+    ``transpose``, source nodes: its out-edges), cached with its edge store."""
     store = data[edge_type]
-    csc = cached_csc(store)
+    csc = cached_csc(store, transpose)
     if csc is None:
-        csc = build_csc(store.edge_index, data[edge_type[-1]].num_nodes, is_sorted,
-                        num_src_nodes=data[edge_type[0]].num_nodes)
-        attach_csc(store, csc)
+        src, dst = data[edge_type[0]].num_nodes, data[edge_type[-1]].num_nodes
+        if transpose:
+            src, dst = dst, src
+        csc = build_csc(store.edge_index, dst, is_sorted, transpose, num_src_nodes=src)
+        attach_csc(store, csc, transpose)
     return csc
 
 

@@ -17,11 +17,12 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 from torch_geometric.sampler import BidirectionalNeighborSampler as PyGBidirectionalSampler
 from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import NumNeighbors, SubgraphType
 
+from pyg_mgpu.sampling import remote
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
@@ -62,7 +63,7 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
         Node 0 has one in-edge (from 1) and one out-edge (to 2); both are sampled, named by
         their column in ``edge_index``:
 
-        >>> from torch_geometric.data import Data
+        >>> from torch_geometric.data import Data, HeteroData
         >>> from torch_geometric.sampler import NodeSamplerInput
         >>> data = Data(num_nodes=4, edge_index=torch.tensor([[0, 1, 3], [2, 0, 1]]))
         >>> sampler = pyg_mgpu.BidirectionalNeighborSampler(data, num_neighbors=[-1])
@@ -93,6 +94,10 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
         seed: Optional[int] = None,
     ):
         # PyG's __init__ is not called: it would build PyG's own two samplers.
+        if isinstance(data, HeteroData) or remote.is_hetero_remote(data):
+            raise ValueError("BidirectionalNeighborSampler samples homogeneous graphs (as PyG's "
+                             "does); on a HeteroData add reverse edge types and use "
+                             "pyg_mgpu.NeighborSampler, or subgraph_type='bidirectional'.")
         values = num_neighbors.values if isinstance(num_neighbors, NumNeighbors) else num_neighbors
         if isinstance(values, dict):
             raise RuntimeError("BidirectionalNeighborSampler samples with one list of "

@@ -6,6 +6,12 @@ at the first hop) draws ``num_neighbors[edge_type][i]`` of its in-edges of that 
 :func:`~pyg_mgpu.sampling.draws.hop_edges`; the sources not yet in the batch join the ``src``
 nodes, in order of first appearance across the hop's edge types, and are the ``src`` frontier of
 the next hop. Every edge type has its own CSC, built once and cached with its edge store.
+
+The homogeneous sampler's options carry over edge type by edge type: ``disjoint`` (a tree per
+seed position, numbered per seed type, with the homogeneous sampler's (tree, node) keys per node
+type), temporal sampling (each edge type's CSC sorted by time, the seeds' times bounding every
+tree), ``induced`` (every edge of every type among the sampled nodes) and backward sampling
+(each edge type walked from its source, as PyG does by reversing the edge types).
 """
 from __future__ import annotations
 
@@ -18,59 +24,177 @@ from torch_geometric.sampler import HeteroSamplerOutput
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.data.csc import edge_type_csc
-from pyg_mgpu.sampling import remote
+from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.draws import hop_edges
-from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _csc_weights,
-                                                _number_new_nodes, _unseen)
-
-_UNSUPPORTED = ("pyg_mgpu samples HeteroData with subgraph_type 'directional' or "
-                "'bidirectional', uniform or weighted draws, with or without replacement; "
-                "{what} is not supported on heterogeneous graphs yet.")
+from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _assign_local_ids,
+                                                _csc_weights, _number_new_nodes, _unseen,
+                                                induced_edges)
 
 
 def check_hetero_options(*, disjoint: bool, subgraph_type, time_attr: Optional[str],
-                         sample_direction: str) -> None:
-    if time_attr is not None and sample_direction == "backward":  # PyG's own refusal
+                         weight_attr: Optional[str], sample_direction: str) -> None:
+    """PyG's refusals, in PyG's words where it has them."""
+    if sample_direction not in ("forward", "backward"):
+        raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
+                         f"{sample_direction!r}.")
+    if time_attr is not None and sample_direction == "backward":
         raise NotImplementedError("Temporal Sampling not yet supported for backward sampling")
-    for flag, what in ((disjoint, "disjoint=True"),
-                       (SubgraphType(subgraph_type) == SubgraphType.induced,
-                        "subgraph_type='induced'"),
-                       (time_attr is not None, "temporal sampling (time_attr)"),
-                       (sample_direction != "forward", "sample_direction='backward'")):
-        if flag:
-            raise ValueError(_UNSUPPORTED.format(what=what))
+    if SubgraphType(subgraph_type) == SubgraphType.induced and (disjoint or time_attr):
+        raise ValueError("'disjoint' sampling (temporal sampling is disjoint) is not supported "
+                         "with subgraph_type='induced' (neither is it in PyG); use "
+                         "'directional' or 'bidirectional'.")
+    if time_attr is not None and weight_attr is not None:
+        raise ValueError("weighted temporal sampling is not supported (weight_attr with "
+                         "time_attr); pass one of them.")
+
+
+def _reverse(edge_type: tuple) -> tuple:
+    return edge_type[2], edge_type[1], edge_type[0]
+
+
+def hetero_time(data: HeteroData, time_attr: str) -> tuple[Optional[dict], Optional[dict]]:
+    """``(node_time, edge_time)``: ``time_attr`` per node type or per edge type, where the
+    stores hold it (PyG's rule: on node stores or on edge stores, not both)."""
+    node_time = {t: data[t][time_attr] for t in data.node_types if time_attr in data[t]}
+    edge_time = {et: data[et][time_attr] for et in data.edge_types if time_attr in data[et]}
+    if node_time and edge_time:
+        raise ValueError(f"The time attribute '{time_attr}' holds both node-level and "
+                         "edge-level information")
+    if not node_time and not edge_time:
+        raise ValueError(f"The time attribute '{time_attr}' is neither a node-level or "
+                         "edge-level attribute")
+    for key, value in {**node_time, **edge_time}.items():
+        size = data[key].num_nodes if key in node_time else data[key].num_edges
+        if value.dim() != 1 or value.numel() != size:
+            raise ValueError(f"time_attr={time_attr!r} of {key} must hold one timestamp per "
+                             f"{'node' if key in node_time else 'edge'} ([{size}]), got "
+                             f"{tuple(value.shape)}.")
+    return node_time or None, edge_time or None
+
+
+class _JointIds:
+    """Local ids in a joint batch (each node of a type once): a lookup array per node type,
+    left clean for the next batch by :meth:`close`."""
+
+    def __init__(self, lookup):
+        self.lookup = lookup  # node type -> its scratch array
+        self.count: dict[str, int] = {}
+        self._entered: list[tuple[str, Tensor]] = []
+
+    def seeds(self, t: str, seed: Tensor) -> None:
+        # A repeated seed keeps its first position (as pyg-lib).
+        self._entered.append((t, seed))
+        self.lookup(t).scatter_reduce_(0, seed, torch.arange(seed.numel(), device=seed.device),
+                                       reduce="amin")
+        self.count[t] = seed.numel()
+
+    def number(self, t: str, nbr: Tensor, nbr_tree) -> tuple[Tensor, Tensor, None]:
+        """(local ids of ``nbr``, the new nodes in order of first appearance, no trees)."""
+        self._entered.append((t, nbr))  # offers may be left in these entries on an error
+        new = _number_new_nodes(nbr, self.lookup(t), self.count[t])
+        self.count[t] += new.numel()
+        return self.lookup(t).index_select(0, nbr), new, None
+
+    def close(self) -> None:
+        for t, entered in self._entered:
+            self.lookup(t).index_fill_(0, entered, _unseen(torch.int64))
+
+
+class _DisjointIds:
+    """Local ids in a disjoint batch: a node per (tree, node) pair, found through the sorted
+    keys ``tree * num_nodes + node`` of each node type (the homogeneous sampler's scheme)."""
+
+    def __init__(self, num_nodes: dict):
+        self.num_nodes = num_nodes
+        self.count: dict[str, int] = {}
+        self._keys: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def seeds(self, t: str, seed: Tensor) -> Tensor:
+        tree = torch.arange(seed.numel(), device=seed.device)  # position among its type's seeds
+        self._keys[t] = torch.sort(tree * self.num_nodes[t] + seed)
+        self.count[t] = seed.numel()
+        return tree
+
+    def number(self, t: str, nbr: Tensor, nbr_tree: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(local ids of ``nbr``, the new nodes in order of first appearance, their trees)."""
+        n = self.num_nodes[t]
+        keys, local_of_keys = self._keys[t]
+        local, new_keys, keys, local_of_keys = _assign_local_ids(
+            nbr_tree * n + nbr, keys, local_of_keys, self.count[t])
+        self._keys[t] = (keys, local_of_keys)
+        self.count[t] += new_keys.numel()
+        return local, new_keys % n, new_keys // n
+
+    def close(self) -> None:
+        pass
 
 
 class HeteroDraws:
-    """The per-edge-type state of a heterogeneous sampler and its multi-hop walk."""
+    """The per-edge-type state of a heterogeneous sampler and its multi-hop walk.
 
-    def __init__(self, data, is_sorted: bool, share_memory: bool,
-                 weight_attr: Optional[str] = None, replace: bool = False):
+    :attr:`edge_types` are the types as walked: the graph's, or for backward sampling their
+    reverses, each with its edge type's transposed CSC. Outputs, :attr:`perm` and the time and
+    weight lookups are keyed by the graph's own edge types.
+    """
+
+    def __init__(self, data, *, is_sorted: bool, share_memory: bool,
+                 weight_attr: Optional[str] = None, replace: bool = False,
+                 time_attr: Optional[str] = None, backward: bool = False):
+        self.node_time = self.edge_time = None
         if remote.is_remote(data):  # (FeatureStore, GraphStore): the store's own conversion
             if weight_attr is not None:  # as PyG's sampler
                 raise NotImplementedError("'weight_attr' is not supported for "
                                           "'(FeatureStore, GraphStore)' inputs.")
-            self.node_types, self.edge_types, self.num_nodes, self.csc = \
-                remote.hetero_graph(data)
-            self.weights = dict.fromkeys(self.csc)
+            self.node_types, edge_types, self.num_nodes, csc = remote.hetero_graph(data, backward)
+            weights = dict.fromkeys(csc)
+            if time_attr is not None:
+                self.node_time, self.edge_time = remote.hetero_times(data, time_attr)
         else:
-            self.node_types, self.edge_types = data.metadata()
+            self.node_types, edge_types = data.metadata()
             self.num_nodes = {k: data[k].num_nodes for k in self.node_types}
-            self.csc = {et: edge_type_csc(data, et, is_sorted) for et in self.edge_types}
+            csc = {et: edge_type_csc(data, et, is_sorted, transpose=backward)
+                   for et in edge_types}
             # Weighted draws on the edge types that hold weight_attr; uniform on the others.
-            self.weights = {et: (_csc_weights(data[et], weight_attr, csc, replace)
-                                 if weight_attr is not None and weight_attr in data[et]
-                                 else None) for et, csc in self.csc.items()}
+            weights = {et: (_csc_weights(data[et], weight_attr, c, replace)
+                            if weight_attr is not None and weight_attr in data[et] else None)
+                       for et, c in csc.items()}
+            if time_attr is not None:
+                self.node_time, self.edge_time = hetero_time(data, time_attr)
+        self.edge_types = [_reverse(et) for et in edge_types] if backward else list(edge_types)
+        self.original = dict(zip(self.edge_types, edge_types))
+        self.backward = backward
+        self.csc = {walked: csc[et] for walked, et in self.original.items()}
+        self.weights = {walked: weights[et] for walked, et in self.original.items()}
+        # Temporal: each edge type whose sources (or edges) have timestamps gets its CSC
+        # sorted by time in every run; the others are drawn from without a time bound.
+        self.by_time: dict[tuple, temporal.TemporalCSC] = {}
+        for walked, et in self.original.items():
+            node_time = (self.node_time or {}).get(walked[0])
+            edge_time = (self.edge_time or {}).get(et)
+            if node_time is not None or edge_time is not None:
+                self.by_time[walked] = temporal.sort_by_time(self.csc[walked], node_time,
+                                                             edge_time)
+        self.row = {walked: (self.by_time[walked].row if walked in self.by_time else c.row)
+                    for walked, c in self.csc.items()}
+        self.perm = {et: (self.by_time[walked].perm if walked in self.by_time
+                          else self.csc[walked].perm) for walked, et in self.original.items()}
         if share_memory:
-            for csc in self.csc.values():
-                if not csc.row.is_cuda:
-                    csc.share_memory_()
-        self.perm = {et: csc.perm for et, csc in self.csc.items()}
+            for c in self.csc.values():
+                if not c.row.is_cuda:
+                    c.share_memory_()
+            for t in self.by_time.values():
+                if not t.row.is_cuda:
+                    for tensor in (t.row, t.perm, t.time):
+                        tensor.share_memory_()
         self._lookups: dict[str, Tensor] = {}
 
     @property
     def device(self) -> torch.device:
         return next(iter(self.csc.values())).colptr.device if self.csc else torch.device("cpu")
+
+    @property
+    def is_temporal(self) -> bool:
+        return self.node_time is not None or self.edge_time is not None
 
     def __getstate__(self) -> dict:
         # DataLoader workers build their own scratch arrays; never pickle them.
@@ -84,79 +208,97 @@ class HeteroDraws:
             self._lookups[node_type] = lookup
         return lookup
 
-    def sample(self, seed: dict, fanouts: dict, *, replace: bool,
-               generator: torch.Generator) -> HeteroSamplerOutput:
+    def _draw(self, edge_type: tuple, dst: Tensor, dst_tree: Optional[Tensor], fanout: int, *,
+              replace: bool, generator: torch.Generator, tree_time: Optional[Tensor],
+              strategy: str) -> tuple[Tensor, Tensor]:
+        if fanout == 0 or dst.numel() == 0:
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            return empty, empty
+        csc, runs = self.csc[edge_type], None
+        by_time = self.by_time.get(edge_type)
+        if by_time is not None and tree_time is not None:  # no edge later than its tree's time
+            runs, fanout = temporal.eligible_runs(csc.colptr, by_time, dst,
+                                                  tree_time.index_select(0, dst_tree), fanout,
+                                                  strategy)
+        return hop_edges(csc.colptr, dst, fanout, replace=replace,
+                         weights=self.weights[edge_type], generator=generator, runs=runs)
+
+    def sample(self, seed: dict, fanouts: dict, *, replace: bool, generator: torch.Generator,
+               disjoint: bool = False, induced: bool = False,
+               tree_time: Optional[Tensor] = None,
+               strategy: str = "uniform") -> HeteroSamplerOutput:
+        """The batch around ``seed`` (node ids per type). ``tree_time``: the time bounding each
+        tree (indexed by a seed's position among its type's seeds), for temporal sampling."""
         num_hops = len(next(iter(fanouts.values()))) if fanouts else 0
+        ids = _DisjointIds(self.num_nodes) if disjoint else _JointIds(self._lookup)
         nodes = {t: [] for t in self.node_types}
-        count = dict.fromkeys(self.node_types, 0)  # nodes of each type in the batch so far
-        frontier = {}  # node type -> (its nodes of the previous hop, their first local id)
+        trees = {t: [] for t in self.node_types}
+        frontier = {}  # node type -> (its nodes of the previous hop, their trees, first local id)
         num_sampled_nodes = {t: [] for t in self.node_types}
-        for t in self.node_types:
-            s = seed.get(t)
-            s = (s.to(self.device, torch.long) if s is not None
-                 else torch.empty(0, dtype=torch.long, device=self.device))
-            lookup = self._lookup(t)
-            lookup.scatter_reduce_(0, s, torch.arange(s.numel(), device=self.device),
-                                   reduce="amin")
-            nodes[t].append(s)
-            count[t] = s.numel()
-            frontier[t] = (s, 0)
-            num_sampled_nodes[t].append(s.numel())
         rows = {et: [] for et in self.edge_types}
         cols = {et: [] for et in self.edge_types}
         edges = {et: [] for et in self.edge_types}
         num_sampled_edges = {et: [] for et in self.edge_types}
-        touched = None  # (node type, neighbours) whose lookup entries may be mid-update
 
         def cat(parts: list) -> Tensor:
             return (torch.cat(parts) if parts else
                     torch.empty(0, dtype=torch.long, device=self.device))
 
         try:
+            for t in self.node_types:
+                s = seed.get(t)
+                s = (s.to(self.device, torch.long) if s is not None
+                     else torch.empty(0, dtype=torch.long, device=self.device))
+                tree = ids.seeds(t, s)
+                nodes[t].append(s)
+                trees[t].append(tree)
+                frontier[t] = (s, tree, 0)
+                num_sampled_nodes[t].append(s.numel())
             for hop in range(num_hops):
-                added = dict.fromkeys(self.node_types, 0)
-                start_of_hop = dict(count)
+                start_of_hop = dict(ids.count)
                 parts_before = {t: len(nodes[t]) for t in self.node_types}
                 for et in self.edge_types:
-                    src_type, _, dst_type = et
-                    dst_nodes, dst_start = frontier[dst_type]
-                    fanout = int(fanouts[et][hop])
-                    csc = self.csc[et]
-                    if fanout == 0 or dst_nodes.numel() == 0:
-                        local_dst = edge = torch.empty(0, dtype=torch.long, device=self.device)
-                    else:
-                        local_dst, edge = hop_edges(csc.colptr, dst_nodes, fanout,
-                                                    replace=replace, weights=self.weights[et],
-                                                    generator=generator)
-                    nbr = csc.row.index_select(0, edge).long()
-                    lookup = self._lookup(src_type)
-                    touched = (src_type, nbr)
-                    new = _number_new_nodes(nbr, lookup, count[src_type])
-                    touched = None
-                    nodes[src_type].append(new)
-                    count[src_type] += new.numel()
-                    added[src_type] += new.numel()
-                    rows[et].append(lookup.index_select(0, nbr))
+                    dst, dst_tree, dst_start = frontier[et[2]]
+                    local_dst, edge = self._draw(et, dst, dst_tree, int(fanouts[et][hop]),
+                                                 replace=replace, generator=generator,
+                                                 tree_time=tree_time, strategy=strategy)
+                    nbr = self.row[et].index_select(0, edge).long()
+                    nbr_tree = None if dst_tree is None else dst_tree.index_select(0, local_dst)
+                    local, new, new_tree = ids.number(et[0], nbr, nbr_tree)
+                    nodes[et[0]].append(new)
+                    trees[et[0]].append(new_tree)
+                    rows[et].append(local)
                     cols[et].append(local_dst + dst_start)
                     edges[et].append(edge)
                     num_sampled_edges[et].append(edge.numel())
                 for t in self.node_types:  # this hop's new nodes are the next frontier
-                    num_sampled_nodes[t].append(added[t])
-                    frontier[t] = (cat(nodes[t][parts_before[t]:]), start_of_hop[t])
+                    num_sampled_nodes[t].append(ids.count[t] - start_of_hop[t])
+                    frontier[t] = (cat(nodes[t][parts_before[t]:]),
+                                   cat(trees[t][parts_before[t]:]) if disjoint else None,
+                                   start_of_hop[t])
+            node = {t: cat(nodes[t]) for t in self.node_types}
+            if induced:  # every edge among the sampled nodes; no per-hop counts (as PyG's)
+                for et in self.edge_types:
+                    row, col, edge = induced_edges(self.csc[et].colptr, self.row[et],
+                                                   node[et[2]], self._lookup(et[0]))
+                    rows[et], cols[et], edges[et] = [row], [col], [edge]
+                num_sampled_nodes = num_sampled_edges = None
         finally:
-            for t in self.node_types:  # leave the scratch arrays clean for the next batch
-                if nodes[t]:
-                    self._lookup(t).index_fill_(0, torch.cat(nodes[t]), _unseen(torch.int64))
-            if touched is not None:  # an error mid-hop: those entries may hold offers
-                self._lookup(touched[0]).index_fill_(0, touched[1], _unseen(torch.int64))
+            ids.close()
+        row = {et: cat(rows[et]) for et in self.edge_types}
+        col = {et: cat(cols[et]) for et in self.edge_types}
+        if self.backward:  # each edge back in its own direction, under its own type
+            row, col = col, row
+        restore = self.original
         return HeteroSamplerOutput(
-            node={t: cat(nodes[t]) for t in self.node_types},
-            row={et: cat(rows[et]) for et in self.edge_types},
-            col={et: cat(cols[et]) for et in self.edge_types},
-            edge={et: cat(edges[et]) for et in self.edge_types},
-            batch=None,
+            node=node,
+            row={restore[et]: v for et, v in row.items()},
+            col={restore[et]: v for et, v in col.items()},
+            edge={restore[et]: cat(edges[et]) for et in self.edge_types},
+            batch={t: cat(trees[t]) for t in self.node_types} if disjoint else None,
             num_sampled_nodes=num_sampled_nodes,
-            num_sampled_edges=num_sampled_edges)
+            num_sampled_edges=(None if num_sampled_edges is None else
+                               {restore[et]: v for et, v in num_sampled_edges.items()}))
 
 
 class HeteroNeighborSampler(NeighborSampler):
@@ -167,8 +309,12 @@ class HeteroNeighborSampler(NeighborSampler):
     per node type (PyG's loaders pass ``input_nodes=(node_type, index_or_mask)``). Outputs are
     PyG's ``HeteroSamplerOutput``: per type ``node`` (seeds first, then each hop's new nodes),
     ``row``/``col`` (local ids into the source and destination types' nodes), ``edge`` (CSC
-    positions; :attr:`edge_permutation` names the caller's edges), and per-hop counts that
-    PyG's ``trim_to_layer`` reads.
+    positions; :attr:`edge_permutation` names the caller's edges), ``batch`` per type when
+    disjoint, and per-hop counts that PyG's ``trim_to_layer`` reads.
+
+    Temporal sampling (``time_attr`` on node stores or on edge stores) bounds each tree by its
+    seed's time (``input_time``, else the seed's own timestamp) on every edge type whose
+    sources (or edges) carry ``time_attr``; edge types without it are drawn from unbounded.
     """
 
     def __init__(
@@ -191,20 +337,26 @@ class HeteroNeighborSampler(NeighborSampler):
         if not directed:
             subgraph_type = SubgraphType.induced
         check_hetero_options(disjoint=disjoint, subgraph_type=subgraph_type,
-                             time_attr=time_attr, sample_direction=sample_direction)
+                             time_attr=time_attr, weight_attr=weight_attr,
+                             sample_direction=sample_direction)
+        if time_attr is not None and temporal_strategy not in temporal.STRATEGIES:
+            raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
+                             f"{temporal_strategy!r}.")
         self.data_type = DataType.remote if remote.is_remote(data) else DataType.heterogeneous
         self.sample_direction = sample_direction
-        self.draws = HeteroDraws(data, is_sorted, share_memory, weight_attr, replace)
+        self.draws = HeteroDraws(data, is_sorted=is_sorted, share_memory=share_memory,
+                                 weight_attr=weight_attr, replace=replace, time_attr=time_attr,
+                                 backward=sample_direction == "backward")
         self.node_types, self.edge_types = self.draws.node_types, self.draws.edge_types
         self.num_nodes = self.draws.num_nodes
-        self.node_time = self.edge_time = None
+        self.node_time, self.edge_time = self.draws.node_time, self.draws.edge_time
         self.perm = self.draws.perm
         self.weights = None
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.num_neighbors.get_values(self.edge_types)  # checks the edge types and hop counts
         self.replace = replace
         self.subgraph_type = SubgraphType(subgraph_type)
-        self.disjoint = False
+        self.disjoint = disjoint  # PyG's property: always True when temporal
         self.temporal_strategy = temporal_strategy
         self.keep_orig_edges = False
         self._start_generator(seed)
@@ -215,15 +367,35 @@ class HeteroNeighborSampler(NeighborSampler):
 
     @property
     def fanouts(self) -> dict:
-        """Neighbours per hop, per edge type."""
+        """Neighbours per hop, per edge type (as walked: reversed for backward sampling)."""
         return self.num_neighbors.get_values(self.edge_types)
+
+    def _tree_times(self, seed: dict, seed_time: Optional[dict]) -> Tensor:
+        """The time bounding each tree: ``input_time`` where given, else the seed's own
+        timestamp; tree ``i`` is the ``i``-th seed of each seed type."""
+        times = None
+        for t, s in seed.items():
+            given = None if seed_time is None else seed_time.get(t)
+            own = (self.node_time or {}).get(t)
+            if given is None and own is None:
+                raise ValueError(f"temporal sampling needs a time per seed of type {t!r}: pass "
+                                 f"input_time, or give {t!r} nodes timestamps (time_attr).")
+            seed_times = temporal.seed_times(s.to(self.device), given, own)
+            if times is None:
+                times = seed_times.new_zeros(max(v.numel() for v in seed.values()))
+            times[:s.numel()] = seed_times
+        return times
 
     def _sample(self, seed, seed_time=None, **kwargs) -> HeteroSamplerOutput:
         if not isinstance(seed, dict):
             raise ValueError("a HeteroData sampler takes its seeds per node type: use "
                              "input_nodes=(node_type, index_or_mask).")
-        if seed_time is not None:
-            raise ValueError(_UNSUPPORTED.format(what="temporal sampling (input_time)"))
+        if seed_time is not None and not self.is_temporal:
+            raise ValueError("input_time was given, but the sampler has no time_attr; pass "
+                             "time_attr (the node or edge timestamps) for temporal sampling.")
         self._reseed_in_worker()
+        tree_time = self._tree_times(seed, seed_time) if self.is_temporal else None
         return self.draws.sample(seed, self.fanouts, replace=self.replace,
-                                 generator=self.generator)
+                                 generator=self.generator, disjoint=self.disjoint,
+                                 induced=self.subgraph_type == SubgraphType.induced,
+                                 tree_time=tree_time, strategy=self.temporal_strategy)

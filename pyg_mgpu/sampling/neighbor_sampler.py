@@ -256,12 +256,8 @@ class NeighborSampler(PyGNeighborSampler):
             return empty, empty
         runs = None
         if time_limit is not None:  # only edges no later than each node's seed time
-            end = temporal.eligible_ends(self.colptr, self._by_time, frontier, time_limit)
-            start = self.colptr.index_select(0, frontier)
-            if self.temporal_strategy == "last" and fanout >= 0:
-                start = torch.maximum(start, end - fanout)  # the most recent ones, all kept
-                fanout = -1
-            runs = (start, end)
+            runs, fanout = temporal.eligible_runs(self.colptr, self._by_time, frontier,
+                                                  time_limit, fanout, self.temporal_strategy)
         return hop_edges(self.colptr, frontier, fanout, replace=self.replace,
                          weights=self.weights, generator=self.generator,
                          offset_type=self._offset_type, runs=runs)
@@ -299,7 +295,8 @@ class NeighborSampler(PyGNeighborSampler):
                 num_nodes += new_nodes.numel()
             node = torch.cat(nodes)
             if self.subgraph_type == SubgraphType.induced:
-                row, col, edge = self._induced_edges(node, lookup)
+                row, col, edge = induced_edges(self.colptr, self.row, node, lookup,
+                                               self._offset_type)
                 # As PyG's induced sampling (torch-sparse): no per-hop counts.
                 num_sampled_nodes = num_sampled_edges = None
             else:
@@ -312,27 +309,6 @@ class NeighborSampler(PyGNeighborSampler):
         return SamplerOutput(node=node, row=row.long(), col=col, edge=edge,
                              num_sampled_nodes=num_sampled_nodes,
                              num_sampled_edges=num_sampled_edges)
-
-    def _induced_edges(self, node: Tensor, lookup: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Every edge among ``node``: by destination in node order, then in CSC order."""
-        start = self.colptr.index_select(0, node)
-        deg = self.colptr[1:].index_select(0, node).sub_(start)
-        # Every in-edge of every sampled node: its CSC position (a run per node). Most are
-        # dropped below, so these passes run in int32 where the edge count allows.
-        edge = _runs(start.to(self._offset_type), deg, step=1, total=int(deg.sum()))
-        src_local = lookup.index_select(0, self.row.index_select(0, edge))
-        inside = src_local != _unseen(lookup.dtype)
-        kept = inside.nonzero().squeeze(1)
-        # Destinations of the kept edges: node i keeps those of its run, read off a running
-        # count of kept edges at the runs' ends (cheaper than a binary search per kept edge).
-        kept_so_far = torch.zeros(edge.numel() + 1, dtype=edge.dtype, device=node.device)
-        torch.cumsum(inside, 0, dtype=edge.dtype, out=kept_so_far[1:])
-        kept_before = kept_so_far.index_select(0, torch.cumsum(deg, 0))
-        kept_per_node = torch.diff(kept_before, prepend=kept_before.new_zeros(1))
-        dst_local = _runs(torch.arange(node.numel(), device=node.device), kept_per_node,
-                          step=0, total=kept.numel())
-        return (src_local.index_select(0, kept), dst_local,
-                edge.index_select(0, kept).long())
 
     def _sample_disjoint(self, seed: Tensor, times: Optional[Tensor] = None) -> SamplerOutput:
         """A separate tree per seed: a node reached from two seeds appears twice.
@@ -447,6 +423,31 @@ def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
                          device=nbr.device)
     lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
     return nbr.masked_select(lookup.index_select(0, nbr) == offer)
+
+
+def induced_edges(colptr: Tensor, row: Tensor, node: Tensor, lookup: Tensor,
+                  offset_type: torch.dtype = torch.int64) -> tuple[Tensor, Tensor, Tensor]:
+    """Every edge into ``node`` whose source holds a local id in ``lookup``: (local source,
+    position of the destination in ``node``, CSC position), by destination in node order,
+    then in CSC order."""
+    start = colptr.index_select(0, node)
+    deg = colptr[1:].index_select(0, node).sub_(start)
+    # Every in-edge of every sampled node: its CSC position (a run per node). Most are
+    # dropped below, so these passes run in int32 where the edge count allows.
+    edge = _runs(start.to(offset_type), deg, step=1, total=int(deg.sum()))
+    src_local = lookup.index_select(0, row.index_select(0, edge))
+    inside = src_local != _unseen(lookup.dtype)
+    kept = inside.nonzero().squeeze(1)
+    # Destinations of the kept edges: node i keeps those of its run, read off a running
+    # count of kept edges at the runs' ends (cheaper than a binary search per kept edge).
+    kept_so_far = torch.zeros(edge.numel() + 1, dtype=edge.dtype, device=node.device)
+    torch.cumsum(inside, 0, dtype=edge.dtype, out=kept_so_far[1:])
+    kept_before = kept_so_far.index_select(0, torch.cumsum(deg, 0))
+    kept_per_node = torch.diff(kept_before, prepend=kept_before.new_zeros(1))
+    dst_local = _runs(torch.arange(node.numel(), device=node.device), kept_per_node,
+                      step=0, total=kept.numel())
+    return (src_local.index_select(0, kept), dst_local,
+            edge.index_select(0, kept).long())
 
 
 def _runs(first: Tensor, length: Tensor, step: int, total: int) -> Tensor:

@@ -8,6 +8,7 @@ when the attribute is named ``time``, else edge-level).
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 from torch import Tensor
@@ -54,9 +55,10 @@ def homogeneous_graph(data, sample_direction: str,
     return num_nodes, CSC(colptr=colptr, row=row, perm=perm), node_time, edge_time
 
 
-def hetero_graph(data) -> tuple[list, list, dict, dict]:
+def hetero_graph(data, backward: bool = False) -> tuple[list, list, dict, dict]:
     """``(node_types, edge_types, num_nodes, CSC per edge type)`` of a heterogeneous remote
-    graph; edge types in sorted order, so that every process walks them alike."""
+    graph (each edge type's transposed graph, grouped by source, for backward sampling); edge
+    types in sorted order, so that every process walks them alike."""
     feature_store, graph_store = data
     edge_types = sorted({attr.edge_type for attr in graph_store.get_all_edge_attrs()})
     node_types = sorted({attr.group_name for attr in feature_store.get_all_tensor_attrs()
@@ -64,6 +66,29 @@ def hetero_graph(data) -> tuple[list, list, dict, dict]:
                         | {t for et in edge_types for t in (et[0], et[-1])})
     num_nodes = {t: remote_backend_utils.size(feature_store, graph_store, t)
                  for t in node_types}
-    row, colptr, perm = graph_store.csc()
+    if backward:
+        colptr, row, perm = graph_store.csr()
+    else:
+        row, colptr, perm = graph_store.csc()
     csc = {et: CSC(colptr=colptr[et], row=row[et], perm=perm.get(et)) for et in edge_types}
     return node_types, edge_types, num_nodes, csc
+
+
+def hetero_times(data, time_attr: str) -> tuple[Optional[dict], Optional[dict]]:
+    """``(node_time, edge_time)`` of a heterogeneous remote graph: the feature store's tensors
+    named ``time_attr``, per node type or per edge type (by their group names, PyG's rule)."""
+    feature_store = data[0]
+    attrs = [copy.copy(attr) for attr in feature_store.get_all_tensor_attrs()
+             if attr.attr_name == time_attr]
+    if not attrs:
+        raise ValueError(f"time_attr={time_attr!r}: the feature store holds no tensor of that "
+                         "name; temporal sampling needs the timestamps there.")
+    for attr in attrs:
+        attr.index = None  # the whole tensor
+    time = {attr.group_name: t for attr, t in zip(attrs, feature_store.multi_get_tensor(attrs))}
+    if all(isinstance(group, str) for group in time):
+        return time, None
+    if all(isinstance(group, tuple) for group in time):
+        return None, time
+    raise ValueError(f"time_attr={time_attr!r} is stored for node types and edge types alike; "
+                     "keep it on one kind.")

@@ -84,6 +84,19 @@ def eligible_ends(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor)
     return lo
 
 
+def eligible_runs(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor, fanout: int,
+                  strategy: str) -> tuple[tuple[Tensor, Tensor], int]:
+    """The CSC positions each node of ``dst`` may draw from under ``limit``, and the fanout to
+    draw there: strategy ``uniform`` draws ``fanout`` of the eligible prefix, ``last`` keeps its
+    last ``fanout`` edges (the most recent), all of them."""
+    end = eligible_ends(colptr, tcsc, dst, limit)
+    start = colptr.index_select(0, dst)
+    if strategy == "last" and fanout >= 0:
+        start = torch.maximum(start, end - fanout)
+        fanout = -1
+    return (start, end), fanout
+
+
 def seed_times(seed: Tensor, seed_time: Optional[Tensor],
                node_time: Optional[Tensor]) -> Tensor:
     """Each seed's time: ``input_time`` where given, else the seed node's own timestamp."""
