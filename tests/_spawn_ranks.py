@@ -66,3 +66,15 @@ def evaluate_unequal_shards(ctx, result):
         result[ctx.rank, 1] = accuracy(Logits(), SHARDS[0] + SHARDS[1], sum_over_ranks=False)
     correct, total = [(3, 4), (0, 1)][ctx.rank]
     result[ctx.rank, 2] = global_ratio(correct, total)
+
+
+def seeds_from_cached_stores(ctx, graph, result):
+    """Records this rank's seeds of one epoch over the cache's stores, and whether the features
+    arrived as the mapped cache file (not a pickled copy)."""
+    import pyg_mgpu
+    loader = pyg_mgpu.NeighborLoader(graph.stores, [3, 3], input_nodes=graph.train_idx,
+                                     batch_size=16, shuffle=True, distributed=True)
+    loader.set_epoch(1)
+    seeds = torch.cat([batch.n_id[:batch.batch_size] for batch in loader])
+    result[ctx.rank, :seeds.numel()] = seeds
+    result[ctx.rank, -1] = int("x" in graph.feature_store.graph.mapped)

@@ -35,3 +35,12 @@ def test_most_exported_names_have_runnable_examples():
                 if ">>>" in (inspect.getdoc(getattr(pyg_mgpu, name)) or "")]
     # spawn, RankFailed and RankContext need a job of several processes: shown, not run.
     assert set(EXPORTED) - set(runnable) <= {"spawn", "RankFailed", "RankContext"}
+
+
+@pytest.mark.parametrize("module", ["pyg_mgpu.nn.hetero", "pyg_mgpu.data.stores"])
+def test_module_examples_run(module):
+    """Examples of public classes and functions that are reached through their modules."""
+    import importlib
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS,
+                             extraglobs={"torch": torch, "pyg_mgpu": pyg_mgpu})
+    assert result.attempted > 0 and result.failed == 0

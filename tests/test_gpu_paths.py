@@ -26,6 +26,7 @@ from pyg_mgpu.train.inference import layerwise_logits
 import _gpu_ranks
 from test_bidirectional_sampler import undirected_reach
 from test_hetero_sampling import academic_graph, typed_reach
+from test_hetero_sampling import timed_graph as timed_hetero_graph
 from test_temporal_sampling import reference_trees, timed_graph, tree_of
 from test_neighbor_loader import (WEIGHTS, centres_of_degrees,
                                   check_names_callers_edges, check_per_hop,
@@ -153,6 +154,35 @@ def test_hetero_sampler_is_the_typed_neighbourhood_on_cuda():
         perm = sampler.edge_permutation[et]
         ids = out.edge[et] if perm is None else perm[out.edge[et]]
         assert sorted(ids.tolist()) == sorted(edges[et])
+
+
+@pytest.mark.parametrize("options", [{"disjoint": True}, {"time_attr": "time"},
+                                     {"time_attr": "time", "temporal_strategy": "last"},
+                                     {"subgraph_type": "induced"},
+                                     {"sample_direction": "backward"}])
+def test_hetero_modes_give_the_cpu_batches_on_cuda(options):
+    # Every neighbour (or the 'last' ones): no random draw, so the CPU's output is the answer.
+    data = timed_hetero_graph()
+    fanout = [2, 2] if options.get("temporal_strategy") == "last" else [-1, -1]
+    seeds = torch.tensor([3, 11, 12])
+    time = torch.tensor([40, 90, 70]) if "time_attr" in options else None
+    outs = []
+    for device in ("cpu", CUDA):
+        sampler = NeighborSampler(data.clone().to(device), fanout, seed=0, **options)
+        outs.append((sampler, sampler.sample_from_nodes(NodeSamplerInput(
+            None, seeds.to(device), time=None if time is None else time.to(device),
+            input_type="paper"))))
+    (cpu_sampler, cpu), (gpu_sampler, gpu) = outs
+    for t in data.node_types:
+        assert gpu.node[t].is_cuda and torch.equal(gpu.node[t].cpu(), cpu.node[t])
+        if cpu.batch is not None:
+            assert torch.equal(gpu.batch[t].cpu(), cpu.batch[t])
+    for et in data.edge_types:
+        assert torch.equal(gpu.row[et].cpu(), cpu.row[et])
+        assert torch.equal(gpu.col[et].cpu(), cpu.col[et])
+        cpu_ids = cpu_sampler.edge_permutation[et][cpu.edge[et]]
+        gpu_ids = gpu_sampler.edge_permutation[et][gpu.edge[et]]
+        assert torch.equal(gpu_ids.cpu(), cpu_ids)
 
 
 def test_induced_is_every_edge_among_the_sampled_nodes_on_cuda():

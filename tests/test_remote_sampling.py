@@ -2,11 +2,15 @@
 stores, as PyG's tests use them): batches name the caller's nodes and edges, features come from
 the feature store, and all-neighbour sampling gives the same neighbourhoods as the ``Data`` and
 ``HeteroData`` forms of the same graph."""
+import pytest
 import torch
 from torch_geometric.sampler import NodeSamplerInput
 from torch_geometric.testing import MyFeatureStore, MyGraphStore
 
+import _spawn_ranks
 import pyg_mgpu
+from pyg_mgpu.data.stores import open_stores
+from pyg_mgpu.data.synthetic import SyntheticSpec
 from test_hetero_sampling import academic_graph, typed_reach
 from test_neighbor_loader import random_graph
 
@@ -93,3 +97,43 @@ def test_temporal_sampling_reads_the_stores_node_times():
                                                      time=torch.tensor([100, 30])))
     for tree, limit in enumerate([100, 30]):
         assert bool((time[out.node[out.batch == tree]][1:] <= limit).all())
+
+
+# The project's own stores over the converted-graph cache.
+
+SMALL_SPEC = SyntheticSpec(num_nodes=400, num_edges=4000, num_features=8, num_classes=3)
+
+
+def test_cache_stores_give_the_batches_of_the_data(tmp_path):
+    graph = open_stores("synthetic", synthetic=SMALL_SPEC, cache_dir=tmp_path)
+    assert {"x", "y", "row", "colptr"} <= set(graph.feature_store.graph.mapped)  # on disk
+    data = pyg_mgpu.load_dataset("synthetic", synthetic=SMALL_SPEC)
+    from_stores = pyg_mgpu.NeighborLoader(graph.stores, [4, 3], input_nodes=graph.train_idx,
+                                          batch_size=32, shuffle=True, seed=5)
+    from_data = pyg_mgpu.NeighborLoader(data, [4, 3], input_nodes=graph.train_idx,
+                                        batch_size=32, shuffle=True, seed=5)
+    torch.manual_seed(0)
+    batches = list(from_stores)
+    torch.manual_seed(0)
+    for ours, theirs in zip(batches, from_data, strict=True):
+        for key in ("n_id", "e_id", "x", "y", "edge_index"):
+            assert torch.equal(ours[key], theirs[key]), key
+        # Edge ids name columns of the data's edge_index (the cache's CSC order).
+        assert torch.equal(ours.n_id[ours.edge_index], data.edge_index[:, ours.e_id])
+    assert graph.graph_store.csc()[2] is None  # its CSC as stored: no conversion
+    with pytest.raises(NotImplementedError, match="read-only"):
+        graph.feature_store.put_tensor(torch.zeros(3), group_name=None, attr_name="z",
+                                       index=None)
+
+
+@pytest.mark.slow
+def test_cache_stores_reach_spawned_ranks_as_mapped_files(tmp_path):
+    graph = open_stores("synthetic", synthetic=SMALL_SPEC, cache_dir=tmp_path)
+    train = graph.train_idx.numel()
+    result = torch.full((2, train + 1), -1)
+    pyg_mgpu.spawn(_spawn_ranks.seeds_from_cached_stores, args=(graph, result), devices="cpu",
+                   nprocs=2)
+    assert result[:, -1].tolist() == [1, 1]  # each rank mapped the cache's feature file
+    seeds = result[:, :-1]
+    seeds = seeds[seeds >= 0]
+    assert sorted(seeds.tolist()) == sorted(graph.train_idx.tolist())  # each once, all ranks
