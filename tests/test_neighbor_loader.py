@@ -206,6 +206,18 @@ def test_disjoint_keeps_repeated_seeds_apart():
     assert torch.equal(out.batch[out.row], out.batch[out.col])
 
 
+def test_disjoint_keys_of_every_width_give_the_same_trees():
+    # 1024 trees over 2**21 nodes no longer fit (tree, node) keys in int32: the int64 keys must
+    # give the trees that the int32 keys give on the same edges without the isolated nodes.
+    small = random_graph()
+    padded = Data(edge_index=small.edge_index, num_nodes=2**21)
+    seeds = torch.randint(small.num_nodes, (1024,), generator=torch.Generator().manual_seed(0))
+    outs = [NeighborSampler(graph, [3, 2], disjoint=True, seed=0).sample(seeds)
+            for graph in (small, padded)]
+    for name in ("node", "batch", "row", "col", "edge"):
+        assert torch.equal(getattr(outs[0], name), getattr(outs[1], name)), name
+
+
 def star(num_leaves, num_centres=1):
     """Centres 0..c-1 each have the same in-neighbours c..c+L-1, listed in reverse order."""
     leaves = torch.arange(num_centres, num_centres + num_leaves).flip(0)

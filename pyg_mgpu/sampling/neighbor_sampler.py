@@ -320,7 +320,9 @@ class NeighborSampler(PyGNeighborSampler):
         n = self.num_nodes
         batch = torch.arange(seed.numel(), device=self.device)
         nodes, batches = [seed], [batch]
-        seen_keys = batch * n + seed
+        # int32 keys where every (tree, node) pair fits: the per-hop sort takes half as long.
+        key_type = torch.int32 if seed.numel() * n < 2**31 else torch.int64
+        seen_keys = (batch * n + seed).to(key_type)
         seen_keys, seen_local = torch.sort(seen_keys)
         frontier, frontier_batch, frontier_start = seed, batch, 0
         num_nodes = seed.numel()
@@ -331,9 +333,10 @@ class NeighborSampler(PyGNeighborSampler):
             local_dst, edge = self._draw(frontier, fanout, limit)
             nbr = self.row.index_select(0, edge).long()
             nbr_batch = frontier_batch.index_select(0, local_dst)
-            keys = nbr_batch * n + nbr
+            keys = (nbr_batch * n + nbr).to(key_type)
             local, new_keys, seen_keys, seen_local = _assign_local_ids(
                 keys, seen_keys, seen_local, num_nodes)
+            new_keys = new_keys.long()
             new_nodes, new_batch = new_keys % n, new_keys // n
             nodes.append(new_nodes)
             batches.append(new_batch)
@@ -475,23 +478,28 @@ def _assign_local_ids(keys: Tensor, seen_keys: Tensor, seen_local: Tensor,
     """Local ids of ``keys``: from ``seen_keys`` (sorted, distinct) where known, else new ids
     from ``num_nodes`` on, in order of first appearance.
 
-    One sort of the seen keys and ``keys`` together finds both: a distinct key whose first
-    position falls among the seen ones is known. Returns (local ids, the new keys in order,
-    and the merged sorted table with its local ids, for the next hop).
+    One stable sort of the seen keys and ``keys`` together finds both: equal keys end up side
+    by side in order of position, so each distinct key's first element there is its first
+    appearance, and a key whose first appearance is among the seen ones is known. Returns
+    (local ids, the new keys in order, and the merged sorted table with its local ids, for the
+    next hop).
     """
     num_seen = seen_keys.numel()
-    table, inverse = torch.unique(torch.cat([seen_keys, keys]), return_inverse=True)
-    first = torch.full((table.numel(),), num_seen + keys.numel(), dtype=torch.long,
-                       device=keys.device)
-    first.scatter_reduce_(0, inverse, torch.arange(inverse.numel(), device=keys.device),
-                          reduce="amin")
-    table_local = torch.empty_like(first)
+    ordered, position = torch.sort(torch.cat([seen_keys, keys]), stable=True)
+    starts = torch.ones_like(ordered, dtype=torch.bool)
+    torch.ne(ordered[1:], ordered[:-1], out=starts[1:])
+    start_at = starts.nonzero().squeeze(1)
+    table = ordered.index_select(0, start_at)
+    first = position.index_select(0, start_at)  # each key's first position (a stable sort)
     known = first < num_seen
-    table_local[known] = seen_local.index_select(0, first[known])
     new = (~known).nonzero().squeeze(1)
-    order = torch.argsort(first.index_select(0, new))  # new keys by first appearance
-    new_in_order = new.index_select(0, order)
-    table_local[new_in_order] = torch.arange(num_nodes, num_nodes + new.numel(),
-                                             device=keys.device)
-    local = table_local.index_select(0, inverse[num_seen:])
+    new_in_order = new.index_select(0, torch.argsort(first.index_select(0, new)))
+    table_local = seen_local.index_select(0, first.clamp(max=max(num_seen - 1, 0))) \
+        if num_seen else torch.empty_like(first)
+    table_local.index_copy_(0, new_in_order, torch.arange(num_nodes, num_nodes + new.numel(),
+                                                          device=keys.device))
+    # Each sorted element takes its key's local id; keys' own positions follow the sort.
+    group = torch.cumsum(starts, 0).sub_(1)
+    local_sorted = table_local.index_select(0, group)
+    local = torch.empty_like(local_sorted).index_copy_(0, position, local_sorted)[num_seen:]
     return local, table.index_select(0, new_in_order), table, table_local
