@@ -2,6 +2,7 @@
 types, and the CLI on 2 CPU ranks (accuracy against features only, resume, OGB's raw files)."""
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,30 @@ def test_options_the_heterogeneous_path_lacks_are_refused(argv, message, tmp_pat
     assert main(argv + ["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_cli_resumes_mid_epoch_exactly_after_a_crash(tmp_path):
+    # 20 steps an epoch on each of 2 ranks; a step checkpoint every 3 of them.
+    from _processes import kill_group
+    from test_stop import CLI as COMMAND, assert_same_run, read_checkpoint, start
+
+    run = CLI + ["--model", "rgcn", "--batch-size", "256", "--epochs", "3"]
+    assert main(run + ["--out", str(tmp_path / "full")]) == 0
+    uninterrupted = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    cut, log = tmp_path / "cut", tmp_path / "log.txt"
+    job = start(COMMAND + run + ["--out", str(cut), "--checkpoint-every-steps", "3"], log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # a step checkpoint inside epoch 2, then the whole job dies at once
+            ckpt = read_checkpoint(cut)
+            if ckpt and ckpt["step"] and ckpt["step"]["epoch"] == 2:
+                break
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+    finally:
+        kill_group(job.pid)
+        job.wait()
+    assert 0 < read_checkpoint(cut)["step"]["done"] < 20
+    assert main(run + ["--resume", str(cut)]) == 0
+    assert_same_run(cut, uninterrupted)
