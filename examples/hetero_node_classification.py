@@ -41,21 +41,6 @@ class GNN(torch.nn.Module):
         return self.conv2(x, edge_index)
 
 
-def correct_and_count(model, loader, device) -> tuple[torch.Tensor, int]:
-    """This rank's correct predictions and seed papers over ``loader``'s batches."""
-    correct, count = torch.zeros((), dtype=torch.long, device=device), 0
-    model.eval()
-    with torch.no_grad():
-        for batch in loader:
-            batch = batch.to(device)
-            seeds = batch["paper"].batch_size
-            logits = model(batch.x_dict, batch.edge_index_dict)["paper"][:seeds]
-            correct += (logits.argmax(-1) == batch["paper"].y[:seeds]).sum()
-            count += seeds
-    model.train()
-    return correct, count
-
-
 def run(ctx: pyg_mgpu.RankContext, data, args: argparse.Namespace) -> None:
     sampling = dict(num_neighbors=[10, 5], batch_size=args.batch_size, distributed=True)
     train_loader = pyg_mgpu.NeighborLoader(data, input_nodes=("paper", data["paper"].train_mask),
@@ -93,13 +78,14 @@ def run(ctx: pyg_mgpu.RankContext, data, args: argparse.Namespace) -> None:
             loss_sum += loss.detach() * seeds
             seen += seeds
         train_loss = pyg_mgpu.global_ratio(loss_sum, seen)
-        # The unwrapped model: DDP's forward may run collectives of its own.
-        val_acc = pyg_mgpu.global_ratio(*correct_and_count(model, val_loader, ctx.device))
+        # The unwrapped model: DDP's forward may run collectives of its own. accuracy() reads
+        # the seeds' type ("paper") of the model's output dict, and sums over the ranks.
+        val_acc = pyg_mgpu.accuracy(model, val_loader)
         if ctx.is_main:
             print(f"Epoch {epoch:02d}: train loss {train_loss:.4f}, val acc {val_acc:.4f}",
                   flush=True)
 
-    test_acc = pyg_mgpu.global_ratio(*correct_and_count(model, test_loader, ctx.device))
+    test_acc = pyg_mgpu.accuracy(model, test_loader)
     if ctx.is_main:
         baseline = features_only_accuracy(data)
         metrics = {"world_size": ctx.world_size, "device": ctx.device.type,
