@@ -71,17 +71,27 @@ def sort_by_time(csc: CSC, node_time: Optional[Tensor], edge_time: Optional[Tens
 
 
 def eligible_ends(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor) -> Tensor:
-    """Per node of ``dst``: the end of its run's prefix whose timestamps are <= ``limit``."""
-    lo = colptr.index_select(0, dst)
-    hi = colptr[1:].index_select(0, dst)
+    """Per node of ``dst``: the end of its run's prefix whose timestamps are <= ``limit``.
+
+    A binary search per node, all nodes in step: ``base`` is the prefix's end so far and
+    ``left`` the positions still undecided after it. On a GPU the step count covers the
+    graph's longest run (no host read per hop); on the CPU the longest run of ``dst`` (one
+    read), which on skewed graphs saves several steps, each a dozen passes over ``dst``.
+    """
+    base = colptr.index_select(0, dst)
+    left = colptr[1:].index_select(0, dst).sub_(base)
+    steps = tcsc.search_steps
+    if not dst.is_cuda:
+        steps = int(left.max()).bit_length() if left.numel() else 0
     last = max(tcsc.time.numel() - 1, 0)
-    for _ in range(tcsc.search_steps):  # a fixed count: no host read per hop
-        open_ = lo < hi
-        mid = (lo + hi) // 2
-        right = tcsc.time.index_select(0, mid.clamp(max=last)) <= limit
-        lo = torch.where(open_ & right, mid + 1, lo)
-        hi = torch.where(open_ & ~right, mid, hi)
-    return lo
+    for _ in range(steps):
+        half = left >> 1
+        probe = base + half
+        eligible = tcsc.time.index_select(0, probe.clamp_(max=last)) <= limit
+        eligible &= left > 0
+        base = torch.where(eligible, probe.add_(1), base)
+        left = torch.where(eligible, left.sub_(half).sub_(1), half)
+    return base
 
 
 def eligible_runs(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor, fanout: int,
