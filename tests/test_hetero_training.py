@@ -207,3 +207,22 @@ def test_cli_resumes_mid_epoch_exactly_after_a_crash(tmp_path):
     assert 0 < read_checkpoint(cut)["step"]["done"] < 20
     assert main(run + ["--resume", str(cut)]) == 0
     assert_same_run(cut, uninterrupted)
+
+
+@pytest.mark.parametrize("conv", ["sage", "rgcn"])
+@pytest.mark.parametrize("fanout", [[4, 3], [3, 2, 2]])
+def test_trimmed_layers_give_the_seeds_the_untrimmed_outputs(conv, fanout):
+    data = make_synthetic_hetero(SMALL)
+    loader = pyg_mgpu.NeighborLoader(data, fanout, input_nodes=("paper", None), batch_size=16,
+                                     seed=0)
+    torch.manual_seed(0)
+    model = HeteroGNN(data.metadata(), {"paper": 64, "author": 64}, 16, data.num_classes,
+                      num_layers=len(fanout), target="paper", conv=conv).eval()
+    for batch in list(loader)[:4]:
+        seeds = batch["paper"].batch_size
+        full = model(batch.x_dict, batch.edge_index_dict)[:seeds]
+        trimmed = model(batch.x_dict, batch.edge_index_dict,
+                        num_sampled_nodes_dict=batch.num_sampled_nodes_dict,
+                        num_sampled_edges_dict=batch.num_sampled_edges_dict)
+        assert trimmed.size(0) < batch["paper"].num_nodes  # the last layer ran on fewer nodes
+        assert torch.allclose(trimmed[:seeds], full, atol=1e-5)

@@ -12,6 +12,8 @@ parameter takes part in every step, and the dead outputs are not computed at all
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -96,14 +98,32 @@ class HeteroGNN(nn.Module):
                 {t: nn.Linear(width[t], out) for t in outputs} if conv == "rgcn" else {}))
             width = dict.fromkeys(outputs, out)
 
-    def forward(self, x_dict: dict, edge_index_dict: dict) -> Tensor:
+    def forward(self, x_dict: dict, edge_index_dict: dict,
+                num_sampled_nodes_dict: Optional[dict] = None,
+                num_sampled_edges_dict: Optional[dict] = None) -> Tensor:
+        """The ``target`` nodes' logits. Given a sampled batch's per-hop counts (its
+        ``num_sampled_nodes_dict`` and ``num_sampled_edges_dict``), layer ``i`` of ``L`` reads
+        only the nodes within ``L - i`` hops of the seeds and the edges into them, and computes
+        outputs only for the nodes within ``L - i - 1`` hops (the next layer's inputs); the
+        seeds' outputs stay the untrimmed model's."""
+        trim = num_sampled_nodes_dict is not None
         for i, (outputs, edge_types) in enumerate(self.plan):
-            out = {t: self.roots[i][t](x_dict[t]) for t in self.roots[i]}
+            def kept(counts: list, hops: int) -> int:  # rows left without the last hops
+                return sum(counts[:len(counts) - hops]) if trim and hops else None
+
+            def rows(t: str, hops: int) -> Tensor:
+                n = kept(num_sampled_nodes_dict[t], hops) if trim else None
+                return x_dict[t] if n is None else x_dict[t][:n]
+
+            out = {t: self.roots[i][t](rows(t, i + 1)) for t in self.roots[i]}
             for et in edge_types:
                 edge_index = edge_index_dict.get(et)
                 if edge_index is None:  # no edges of this type sampled
                     edge_index = torch.empty(2, 0, dtype=torch.long, device=x_dict[et[2]].device)
-                message = self.convs[i][_key(et)]((x_dict[et[0]], x_dict[et[2]]), edge_index)
+                elif trim:
+                    edge_index = edge_index[:, :kept(num_sampled_edges_dict[et], i)]
+                message = self.convs[i][_key(et)]((rows(et[0], i), rows(et[2], i + 1)),
+                                                  edge_index)
                 out[et[2]] = out[et[2]] + message if et[2] in out else message
             if i < len(self.plan) - 1:
                 out = {t: F.dropout(h.relu(), self.dropout, self.training)

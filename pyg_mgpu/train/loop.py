@@ -67,15 +67,18 @@ def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
 
     Trimming needs the per-hop counts; PyG's sampler gives them only with pyg-lib (not with
     torch-sparse), and without them every layer runs on every node, which is slower but exact.
-    A ``HeteroData`` batch is passed as ``model(x_dict, edge_index_dict)``, untrimmed; a model
-    that returns a dict per node type has the seeds' type taken from it.
+    A ``HeteroData`` batch is passed as ``model(x_dict, edge_index_dict)``, plus
+    ``num_sampled_nodes_dict`` and ``num_sampled_edges_dict`` when trimming; a model that
+    returns a dict per node type has the seeds' type taken from it.
     """
     seeds = seed_store(batch)
     hetero = seeds is not batch
-    trim = trim and not hetero and getattr(batch, "num_sampled_nodes", None) is not None
+    trim = trim and getattr(seeds, "num_sampled_nodes", None) is not None
     with torch.autocast(seeds.x.device.type, dtype=torch.bfloat16, enabled=amp):
-        if hetero:
-            out = model(batch.x_dict, batch.edge_index_dict)
+        if hetero:  # the CLI's HeteroGNN takes the per-hop counts per type
+            counts = ({"num_sampled_nodes_dict": batch.num_sampled_nodes_dict,
+                       "num_sampled_edges_dict": batch.num_sampled_edges_dict} if trim else {})
+            out = model(batch.x_dict, batch.edge_index_dict, **counts)
             if isinstance(out, dict):
                 out = out[seeds._key]
         elif trim:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
