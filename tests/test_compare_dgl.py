@@ -131,6 +131,7 @@ def test_gap_over_tolerance_exits_3(tmp_path, capsys):
     (["--resume", "runs/old"], "--resume"),
     (["--epochs", "0"], "--epochs"),
     (["--dgl-python", "/no/such/python"], "--dgl-python"),
+    (["--dataset", "synthetic-hetero"], "heterogeneous"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path / "out")]) == EXIT_BAD_INPUT

@@ -277,7 +277,12 @@ def _split_args(args: argparse.Namespace) -> tuple[TrainConfig, argparse.Namespa
         raise CompareError("the DGL variant trains GraphSAGE with plain Adam: drop --model "
                            f"{train['model']} / --weight-decay {weight_decay or 0}, or "
                            "compare other models without DGL (python -m pyg_mgpu.report).")
-    return TrainConfig(**train), rest
+    cfg = TrainConfig(**train)
+    if cfg.is_hetero:
+        raise CompareError(f"--dataset {cfg.dataset} is heterogeneous; the DGL variant trains "
+                           "homogeneous GraphSAGE. Compare heterogeneous runs with each other "
+                           "(python -m pyg_mgpu.report RUN_DIR ...).")
+    return cfg, rest
 
 
 def dgl_devices(cfg: TrainConfig) -> tuple[str, int]:
