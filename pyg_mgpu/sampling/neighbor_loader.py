@@ -65,8 +65,9 @@ class EpochBatchSampler:
 
 
 class NeighborLoader(PyGNeighborLoader):
-    """A drop-in for ``torch_geometric.loader.NeighborLoader`` (homogeneous graphs) that needs
-    neither pyg-lib nor torch-sparse.
+    """A drop-in for ``torch_geometric.loader.NeighborLoader`` that needs neither pyg-lib nor
+    torch-sparse: ``data`` is a ``Data``, a ``HeteroData`` (``input_nodes=(node_type,
+    nodes)``) or a ``(FeatureStore, GraphStore)`` pair.
 
     Takes PyG's arguments (see its documentation) and these keyword-only ones:
 

@@ -1,7 +1,9 @@
 """``pyg_mgpu.NeighborSampler``: PyG's ``NeighborSampler`` in plain torch (no pyg-lib/torch-sparse).
 
 Same constructor, same :class:`~torch_geometric.sampler.SamplerOutput`, same semantics as
-``torch_geometric.sampler.NeighborSampler`` for homogeneous graphs, on CPU or CUDA tensors:
+``torch_geometric.sampler.NeighborSampler`` for homogeneous graphs, on CPU or CUDA tensors (a
+``HeteroData`` gets :class:`~pyg_mgpu.sampling.hetero.HeteroNeighborSampler`, the same options
+per edge type):
 
 - ``node`` lists the seeds first, then each hop's newly reached nodes in order of first
   appearance; ``row``/``col`` are local ids of each sampled edge's (source, destination), grouped
@@ -43,7 +45,8 @@ def _unseen(lookup_type: torch.dtype) -> int:
 
 
 class NeighborSampler(PyGNeighborSampler):
-    """Neighbour sampling over a homogeneous ``Data``, a drop-in for PyG's ``NeighborSampler``.
+    """Neighbour sampling over a ``Data``, a ``HeteroData`` or a ``(FeatureStore, GraphStore)``
+    pair, a drop-in for PyG's ``NeighborSampler`` that needs neither pyg-lib nor torch-sparse.
 
     Args:
         data: The graph: a ``Data`` (its ``edge_index`` int64 or int32, on CPU or CUDA), a
