@@ -119,6 +119,7 @@ def test_sampler_bench_reports_edges_per_second(tmp_path):
         assert results[f"{mode}_vs_directional"] > 0, mode
     assert results["temporal_1_thread"] > 0 and results["temporal_vs_disjoint"] > 0
     assert results["hetero_1_thread"] > 0 and results["hetero_vs_directional"] > 0
+    assert results["hetero_temporal_1_thread"] > 0 and results["hetero_temporal_vs_disjoint"] > 0
     assert results["directional_loader_0_workers"] > 0
 
 

@@ -295,15 +295,16 @@ class _OneTypeHetero:
     """A heterogeneous sampler over ``data`` recast as a ``HeteroData`` (one node type, the
     edges dealt into ``num_edge_types`` types), with the homogeneous samplers' ``sample``."""
 
-    def __init__(self, data, fanout, num_edge_types: int):
+    def __init__(self, data, fanout, num_edge_types: int, **options):
         from torch_geometric.data import HeteroData
 
         from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
         hetero = HeteroData()
         hetero["v"].num_nodes = data.num_nodes
+        hetero["v"].time = data.time
         for k in range(num_edge_types):
             hetero["v", f"r{k}", "v"].edge_index = data.edge_index[:, k::num_edge_types]
-        self.sampler = NeighborSampler(hetero, fanout, seed=0)
+        self.sampler = NeighborSampler(hetero, fanout, seed=0, **options)
 
     def sample(self, seeds):
         from torch_geometric.sampler import NodeSamplerInput
@@ -362,8 +363,11 @@ def run_sampler_bench(args) -> dict:
     # graph as a HeteroData: one node type, its edges dealt round-robin into three edge types,
     # each with the full fanout (so a hop draws up to three times the edges). A failure of
     # either is reported in its entry, so the modes above still reach bench.json.
+    # The heterogeneous temporal line: the temporal graph recast the same way.
     extra = {"temporal": lambda: NeighborSampler(data, fanout, seed=0, time_attr="time"),
-             "hetero": lambda: _OneTypeHetero(data, fanout, num_edge_types=3)}
+             "hetero": lambda: _OneTypeHetero(data, fanout, num_edge_types=3),
+             "hetero_temporal": lambda: _OneTypeHetero(data, fanout, num_edge_types=3,
+                                                       time_attr="time")}
     for name, build in extra.items():
         try:
             timed = {"directional": samplers["directional"], "disjoint": samplers["disjoint"],
