@@ -262,6 +262,7 @@ class HeteroDraws:
             for hop in range(num_hops):
                 start_of_hop = dict(ids.count)
                 parts_before = {t: len(nodes[t]) for t in self.node_types}
+                drawn = {}  # source type -> its edge types' (edge type, neighbours, trees)
                 for et in self.edge_types:
                     dst, dst_tree, dst_start = frontier[et[2]]
                     local_dst, edge = self._draw(et, dst, dst_tree, int(fanouts[et][hop]),
@@ -269,13 +270,21 @@ class HeteroDraws:
                                                  tree_time=tree_time, strategy=strategy)
                     nbr = self.row[et].index_select(0, edge).long()
                     nbr_tree = None if dst_tree is None else dst_tree.index_select(0, local_dst)
-                    local, new, new_tree = ids.number(et[0], nbr, nbr_tree)
-                    nodes[et[0]].append(new)
-                    trees[et[0]].append(new_tree)
-                    rows[et].append(local)
+                    drawn.setdefault(et[0], []).append((et, nbr, nbr_tree))
                     cols[et].append(local_dst + dst_start)
                     edges[et].append(edge)
                     num_sampled_edges[et].append(edge.numel())
+                # One numbering per source type: the neighbours of its edge types, in the
+                # graph's order, get the ids that numbering them type by type would give.
+                for t, parts in drawn.items():
+                    local, new, new_tree = ids.number(
+                        t, torch.cat([nbr for _, nbr, _ in parts]),
+                        torch.cat([tree for _, _, tree in parts]) if disjoint else None)
+                    nodes[t].append(new)
+                    trees[t].append(new_tree)
+                    sizes = [nbr.numel() for _, nbr, _ in parts]
+                    for (et, _, _), part in zip(parts, local.split(sizes)):
+                        rows[et].append(part)
                 for t in self.node_types:  # this hop's new nodes are the next frontier
                     num_sampled_nodes[t].append(ids.count[t] - start_of_hop[t])
                     frontier[t] = (cat(nodes[t][parts_before[t]:]),
