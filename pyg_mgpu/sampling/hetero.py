@@ -26,9 +26,8 @@ from torch_geometric.sampler.base import DataType, SubgraphType
 from pyg_mgpu.data.csc import edge_type_csc
 from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.draws import hop_edges
-from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _assign_local_ids,
-                                                _csc_weights, _number_new_nodes, _unseen,
-                                                induced_edges)
+from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, TreeIds, _csc_weights,
+                                                _number_new_nodes, _unseen, induced_edges)
 
 
 def check_hetero_options(*, disjoint: bool, subgraph_type, time_attr: Optional[str],
@@ -101,33 +100,24 @@ class _JointIds:
 
 
 class _DisjointIds:
-    """Local ids in a disjoint batch: a node per (tree, node) pair, found through the sorted
-    keys ``tree * num_nodes + node`` of each node type (the homogeneous sampler's scheme)."""
+    """Local ids in a disjoint batch: :class:`TreeIds` per node type, its seeds the trees'
+    positions among that type's seeds."""
 
     def __init__(self, num_nodes: dict, num_trees: int):
-        self.num_nodes = num_nodes
-        # int32 keys where every (tree, node) pair fits: the per-hop sort takes half as long.
-        self.key_type = {t: torch.int32 if num_trees * n < 2**31 else torch.int64
-                         for t, n in num_nodes.items()}
-        self.count: dict[str, int] = {}
-        self._keys: dict[str, tuple[Tensor, Tensor]] = {}
+        self.num_nodes, self.num_trees = num_nodes, num_trees
+        self._ids: dict[str, TreeIds] = {}
+
+    @property
+    def count(self) -> dict[str, int]:
+        return {t: ids.count for t, ids in self._ids.items()}
 
     def seeds(self, t: str, seed: Tensor) -> Tensor:
-        tree = torch.arange(seed.numel(), device=seed.device)  # position among its type's seeds
-        self._keys[t] = torch.sort((tree * self.num_nodes[t] + seed).to(self.key_type[t]))
-        self.count[t] = seed.numel()
-        return tree
+        self._ids[t] = TreeIds(seed, self.num_nodes[t], self.num_trees)
+        return self._ids[t].seed_trees
 
     def number(self, t: str, nbr: Tensor, nbr_tree: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(local ids of ``nbr``, the new nodes in order of first appearance, their trees)."""
-        n = self.num_nodes[t]
-        keys, local_of_keys = self._keys[t]
-        local, new_keys, keys, local_of_keys = _assign_local_ids(
-            (nbr_tree * n + nbr).to(self.key_type[t]), keys, local_of_keys, self.count[t])
-        self._keys[t] = (keys, local_of_keys)
-        self.count[t] += new_keys.numel()
-        new_keys = new_keys.long()
-        return local, new_keys % n, new_keys // n
+        return self._ids[t].number(nbr, nbr_tree)
 
     def close(self) -> None:
         pass

@@ -316,17 +316,13 @@ class NeighborSampler(PyGNeighborSampler):
     def _sample_disjoint(self, seed: Tensor, times: Optional[Tensor] = None) -> SamplerOutput:
         """A separate tree per seed: a node reached from two seeds appears twice.
 
-        A node of the batch is the pair (seed index, node id), deduplicated per hop against the
-        pairs seen so far through sorted int64 keys ``seed_index * N + node``. With ``times``
-        (temporal sampling), tree ``i`` only takes edges no later than ``times[i]``.
+        A node of the batch is the pair (seed index, node id), numbered by :class:`TreeIds`.
+        With ``times`` (temporal sampling), tree ``i`` only takes edges no later than
+        ``times[i]``.
         """
-        n = self.num_nodes
-        batch = torch.arange(seed.numel(), device=self.device)
+        ids = TreeIds(seed, self.num_nodes, num_trees=seed.numel())
+        batch = ids.seed_trees
         nodes, batches = [seed], [batch]
-        # int32 keys where every (tree, node) pair fits: the per-hop sort takes half as long.
-        key_type = torch.int32 if seed.numel() * n < 2**31 else torch.int64
-        seen_keys = (batch * n + seed).to(key_type)
-        seen_keys, seen_local = torch.sort(seen_keys)
         frontier, frontier_batch, frontier_start = seed, batch, 0
         num_nodes = seed.numel()
         rows, cols, edges = [], [], []
@@ -335,12 +331,8 @@ class NeighborSampler(PyGNeighborSampler):
             limit = None if times is None else times.index_select(0, frontier_batch)
             local_dst, edge = self._draw(frontier, fanout, limit)
             nbr = self.row.index_select(0, edge).long()
-            nbr_batch = frontier_batch.index_select(0, local_dst)
-            keys = (nbr_batch * n + nbr).to(key_type)
-            local, new_keys, seen_keys, seen_local = _assign_local_ids(
-                keys, seen_keys, seen_local, num_nodes)
-            new_keys = new_keys.long()
-            new_nodes, new_batch = new_keys % n, new_keys // n
+            local, new_nodes, new_batch = ids.number(nbr,
+                                                     frontier_batch.index_select(0, local_dst))
             nodes.append(new_nodes)
             batches.append(new_batch)
             rows.append(local)
@@ -474,6 +466,31 @@ def _runs(first: Tensor, length: Tensor, step: int, total: int) -> Tensor:
     previous_last = torch.cat([last.new_zeros(1), last[:-1]])  # the sum starts from 0
     out.index_copy_(0, torch.cumsum(length, 0).sub_(length), first - previous_last)
     return out.cumsum_(0)
+
+
+class TreeIds:
+    """Local ids in a disjoint batch: a node per (tree, node) pair, found through the sorted
+    keys ``tree * num_nodes + node`` (int32 where every pair fits: the per-hop sort then takes
+    half as long). The seeds are trees ``0, 1, ...`` in order; ids continue from them."""
+
+    def __init__(self, seed: Tensor, num_nodes: int, num_trees: int):
+        self.num_nodes = num_nodes
+        self.key_type = torch.int32 if num_trees * num_nodes < 2**31 else torch.int64
+        self.seed_trees = torch.arange(seed.numel(), device=seed.device)
+        self._keys = torch.sort((self.seed_trees * num_nodes + seed).to(self.key_type))
+        self.count = seed.numel()
+
+    def number(self, nbr: Tensor, nbr_tree: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(local ids of the pairs ``(nbr_tree, nbr)``, the new nodes in order of first
+        appearance, their trees)."""
+        n = self.num_nodes
+        keys, local_of_keys = self._keys
+        local, new_keys, keys, local_of_keys = _assign_local_ids(
+            (nbr_tree * n + nbr).to(self.key_type), keys, local_of_keys, self.count)
+        self._keys = (keys, local_of_keys)
+        self.count += new_keys.numel()
+        new_keys = new_keys.long()
+        return local, new_keys % n, new_keys // n
 
 
 def _assign_local_ids(keys: Tensor, seen_keys: Tensor, seen_local: Tensor,
