@@ -89,18 +89,25 @@ def seed_store(batch):
     return batch
 
 
-def _seed_logits(model: torch.nn.Module, batch: Data | HeteroData) -> Tensor:
-    if isinstance(batch, HeteroData):  # PyG's heterogeneous models return a dict per type
-        seeds = seed_store(batch)
-        out = model(batch.x_dict, batch.edge_index_dict)
-        return (out[seeds._key] if isinstance(out, dict) else out)[:seeds.batch_size]
-    return model(batch.x, batch.edge_index)[:batch.batch_size]
+def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, **kwargs) -> Tensor:
+    """The model's outputs for a batch's seeds: ``model(batch.x, batch.edge_index, **kwargs)``,
+    or on a ``HeteroData`` batch ``model(batch.x_dict, batch.edge_index_dict, **kwargs)``, of
+    the seeds' type where the model returns a dict per type (as PyG's heterogeneous models
+    do)."""
+    seeds = seed_store(batch)
+    if seeds is batch:
+        out = model(batch.x, batch.edge_index, **kwargs)
+    else:
+        out = model(batch.x_dict, batch.edge_index_dict, **kwargs)
+        if isinstance(out, dict):
+            out = out[seeds._key]
+    return out[:seeds.batch_size]
 
 
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
              device: Optional[torch.device] = None, sum_over_ranks: bool = True,
-             forward: Callable[[torch.nn.Module, Data], Tensor] = _seed_logits) -> float:
+             forward: Callable[[torch.nn.Module, Data], Tensor] = seed_outputs) -> float:
     """Exact accuracy of ``model`` on the seed nodes of ``loader``'s batches, over all ranks.
 
     Each batch is a PyG mini-batch (e.g. from ``NeighborLoader``): its first ``batch_size``

@@ -22,7 +22,7 @@ from pyg_mgpu.distributed.launch import RankContext
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.evaluation import all_reduce_sum, global_ratio, seed_store
+from pyg_mgpu.train.evaluation import all_reduce_sum, global_ratio, seed_outputs, seed_store
 
 
 @dataclass
@@ -72,22 +72,16 @@ def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
     returns a dict per node type has the seeds' type taken from it.
     """
     seeds = seed_store(batch)
-    hetero = seeds is not batch
-    trim = trim and getattr(seeds, "num_sampled_nodes", None) is not None
+    counts = {}  # untrimmed: PyG's recipe, every layer on every sampled node
+    if trim and getattr(seeds, "num_sampled_nodes", None) is not None:
+        if seeds is not batch:  # the CLI's HeteroGNN takes the per-hop counts per type
+            counts = {"num_sampled_nodes_dict": batch.num_sampled_nodes_dict,
+                      "num_sampled_edges_dict": batch.num_sampled_edges_dict}
+        else:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
+            counts = {"num_sampled_nodes_per_hop": batch.num_sampled_nodes,
+                      "num_sampled_edges_per_hop": batch.num_sampled_edges}
     with torch.autocast(seeds.x.device.type, dtype=torch.bfloat16, enabled=amp):
-        if hetero:  # the CLI's HeteroGNN takes the per-hop counts per type
-            counts = ({"num_sampled_nodes_dict": batch.num_sampled_nodes_dict,
-                       "num_sampled_edges_dict": batch.num_sampled_edges_dict} if trim else {})
-            out = model(batch.x_dict, batch.edge_index_dict, **counts)
-            if isinstance(out, dict):
-                out = out[seeds._key]
-        elif trim:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
-            out = model(batch.x, batch.edge_index,
-                        num_sampled_nodes_per_hop=batch.num_sampled_nodes,
-                        num_sampled_edges_per_hop=batch.num_sampled_edges)
-        else:  # PyG's recipe: every layer on every sampled node
-            out = model(batch.x, batch.edge_index)
-    return out[:seeds.batch_size].float()
+        return seed_outputs(model, batch, **counts).float()
 
 
 class EpochTotals:
