@@ -22,7 +22,6 @@ import torch
 from torch_geometric.data import HeteroData
 
 from pyg_mgpu.data.hetero_graph import HeteroGraph
-
 from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec, make_synthetic_hetero
 
 HETERO_DATASETS = ("ogbn-mag", "synthetic-hetero")

@@ -26,6 +26,11 @@ def _key(edge_type: tuple) -> str:
     return "__".join(edge_type)  # to_hetero's naming
 
 
+def _within(counts: list, hops: int) -> int:
+    """How many of a batch's nodes (or edges) come before its last ``hops`` hops."""
+    return sum(counts[:len(counts) - hops])
+
+
 def layer_plan(edge_types: list, target: str, num_layers: int) -> list[tuple[list, list]]:
     """Per layer, first to last: (the node types it outputs, the edge types it runs).
 
@@ -106,22 +111,19 @@ class HeteroGNN(nn.Module):
         only the nodes within ``L - i`` hops of the seeds and the edges into them, and computes
         outputs only for the nodes within ``L - i - 1`` hops (the next layer's inputs); the
         seeds' outputs stay the untrimmed model's."""
-        trim = num_sampled_nodes_dict is not None
-        for i, (outputs, edge_types) in enumerate(self.plan):
-            def kept(counts: list, hops: int) -> int:  # rows left without the last hops
-                return sum(counts[:len(counts) - hops]) if trim and hops else None
+        def rows(t: str, hops: int) -> Tensor:  # x_dict[t] without its last `hops` hops
+            if num_sampled_nodes_dict is None or hops == 0:
+                return x_dict[t]
+            return x_dict[t][:_within(num_sampled_nodes_dict[t], hops)]
 
-            def rows(t: str, hops: int) -> Tensor:
-                n = kept(num_sampled_nodes_dict[t], hops) if trim else None
-                return x_dict[t] if n is None else x_dict[t][:n]
-
+        for i, (_, edge_types) in enumerate(self.plan):
             out = {t: self.roots[i][t](rows(t, i + 1)) for t in self.roots[i]}
             for et in edge_types:
                 edge_index = edge_index_dict.get(et)
                 if edge_index is None:  # no edges of this type sampled
                     edge_index = torch.empty(2, 0, dtype=torch.long, device=x_dict[et[2]].device)
-                elif trim:
-                    edge_index = edge_index[:, :kept(num_sampled_edges_dict[et], i)]
+                elif num_sampled_edges_dict is not None and i > 0:
+                    edge_index = edge_index[:, :_within(num_sampled_edges_dict[et], i)]
                 message = self.convs[i][_key(et)]((rows(et[0], i), rows(et[2], i + 1)),
                                                   edge_index)
                 out[et[2]] = out[et[2]] + message if et[2] in out else message

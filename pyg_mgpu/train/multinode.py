@@ -40,11 +40,9 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore |
     rank 0 writes the graph to a ``/dev/shm`` file that every rank maps. A heterogeneous graph
     is read by every rank.
     """
-    if cfg.is_hetero:  # no graph cache: each rank reads the dataset (a copy per rank)
-        graph = load_configured(cfg) if ctx.local_rank == 0 else None
-        dist.barrier()  # local rank 0 first: OGB writes its processed files once
-        return graph or load_configured(cfg)
-    if not cfg.no_cache:
+    # Local rank 0 first: it writes the cache (or OGB's processed files) the others then read.
+    # A heterogeneous graph bypasses the cache (placement does not apply): a copy per rank.
+    if cfg.is_hetero or not cfg.no_cache:
         graph = load_configured(cfg, placement="mmap") if ctx.local_rank == 0 else None
         dist.barrier()
         return graph or load_configured(cfg, placement="mmap")
