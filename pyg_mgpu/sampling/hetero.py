@@ -251,7 +251,6 @@ class HeteroDraws:
                 num_sampled_nodes[t].append(s.numel())
             for hop in range(num_hops):
                 start_of_hop = dict(ids.count)
-                parts_before = {t: len(nodes[t]) for t in self.node_types}
                 drawn = {}  # source type -> its edge types' (edge type, neighbours, trees)
                 for et in self.edge_types:
                     dst, dst_tree, dst_start = frontier[et[2]]
@@ -266,20 +265,21 @@ class HeteroDraws:
                     num_sampled_edges[et].append(edge.numel())
                 # One numbering per source type: the neighbours of its edge types, in the
                 # graph's order, get the ids that numbering them type by type would give.
+                # Its new nodes are the type's next frontier; a type no edge type leaves has none.
+                frontier = {t: (cat([]), cat([]) if disjoint else None, start_of_hop[t])
+                            for t in self.node_types}
                 for t, parts in drawn.items():
                     local, new, new_tree = ids.number(
                         t, torch.cat([nbr for _, nbr, _ in parts]),
                         torch.cat([tree for _, _, tree in parts]) if disjoint else None)
                     nodes[t].append(new)
                     trees[t].append(new_tree)
+                    frontier[t] = (new, new_tree, start_of_hop[t])
                     sizes = [nbr.numel() for _, nbr, _ in parts]
                     for (et, _, _), part in zip(parts, local.split(sizes)):
                         rows[et].append(part)
-                for t in self.node_types:  # this hop's new nodes are the next frontier
+                for t in self.node_types:
                     num_sampled_nodes[t].append(ids.count[t] - start_of_hop[t])
-                    frontier[t] = (cat(nodes[t][parts_before[t]:]),
-                                   cat(trees[t][parts_before[t]:]) if disjoint else None,
-                                   start_of_hop[t])
             node = {t: cat(nodes[t]) for t in self.node_types}
             if induced:  # every edge among the sampled nodes; no per-hop counts (as PyG's)
                 for et in self.edge_types:
