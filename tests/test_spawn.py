@@ -1,5 +1,7 @@
 """pyg_mgpu's public launcher: ranks with their context, a graph shared once, failures, torchrun."""
+import multiprocessing
 import os
+import signal
 import time
 
 import pytest
@@ -9,7 +11,7 @@ from torch_geometric.data import Data
 
 import pyg_mgpu.distributed.launch as launch
 from pyg_mgpu.data.csc import cached_csc
-from pyg_mgpu.distributed.launch import RankFailed, free_port, spawn
+from pyg_mgpu.distributed.launch import JobStopped, RankFailed, free_port, spawn
 
 import _spawn_ranks
 
@@ -43,6 +45,35 @@ def test_a_failed_rank_ends_the_job_with_its_traceback():
     assert "Traceback" in message and "_fail_deep_inside" in message
     assert "ValueError: rank one gives up" in message
     assert time.monotonic() - start < 60
+
+
+def _ended_ranks(exit_code: int) -> list:
+    """Two processes that have both exited with ``exit_code`` before anyone watched them."""
+    processes = [multiprocessing.get_context("fork").Process(target=os._exit, args=(exit_code,))
+                 for _ in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    return processes
+
+
+def test_ranks_that_end_at_the_same_moment_still_fail_the_job(tmp_path):
+    # The watcher may first look when every rank has already ended: their exit codes count.
+    outcome = launch._watch_ranks(_ended_ranks(3), launch._LauncherSignals(grace_s=2))
+    assert outcome.first_failed == (0, 3)
+    with pytest.raises(RankFailed, match="rank 0 exited with code 3"):
+        launch._raise_for(outcome, 0, str(tmp_path), grace_s=2)
+
+
+def test_ranks_their_watchdog_ended_stop_the_job_even_if_they_end_together(tmp_path):
+    # Each rank's watchdog exits with 128 + SIGTERM after the grace period: a stop, not success.
+    outcome = launch._watch_ranks(_ended_ranks(128 + signal.SIGTERM),
+                                  launch._LauncherSignals(grace_s=2))
+    with pytest.raises(JobStopped) as stopped:
+        launch._raise_for(outcome, signal.SIGTERM, str(tmp_path), grace_s=2)
+    assert stopped.value.signum == signal.SIGTERM
+    assert stopped.value.killed_after_grace == [0, 1]
 
 
 def test_under_torchrun_fn_runs_in_this_process(monkeypatch):

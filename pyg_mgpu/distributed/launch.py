@@ -427,14 +427,16 @@ def _watch_ranks(processes: list, signals: _LauncherSignals) -> _Outcome:
     outcome = _Outcome()
     while True:
         running = [p for p in processes if p.exitcode is None]
-        if not running:
-            outcome.exit_codes = [p.exitcode for p in processes]
-            return outcome
-        multiprocessing.connection.wait([p.sentinel for p in running], timeout=0.25)
+        if running:
+            multiprocessing.connection.wait([p.sentinel for p in running], timeout=0.25)
+        # Scanned after `running` was taken, so ranks that all end at once are still seen.
         for index, process in enumerate(processes):
             if process.exitcode not in (None, 0) and outcome.first_failed is None:
                 outcome.first_failed = (index, process.exitcode)
                 _kill(processes)
+        if not running:
+            outcome.exit_codes = [p.exitcode for p in processes]
+            return outcome
         if signals.deadline is not None and time.monotonic() >= signals.deadline:
             outcome.killed_after_grace += [i for i, p in enumerate(processes)
                                            if p.exitcode is None]
@@ -511,7 +513,7 @@ def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
     signum = (launcher_signal or next(iter(stopped.values()), 0)
               or next(iter(overdue.values()), 0))
     if signum:
-        if not (stopped or outcome.first_failed or outcome.killed_after_grace):
+        if not (stopped or overdue or outcome.first_failed or outcome.killed_after_grace):
             # The signal came as the ranks finished: the job did all its work.
             print(f"pyg_mgpu: {stop.signal_name(signum)} arrived as the ranks finished; the "
                   "job completed", file=sys.stderr, flush=True)
