@@ -170,3 +170,26 @@ def test_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="no time_attr"):
         pyg_mgpu.NeighborSampler(data, [2]).sample_from_nodes(
             NodeSamplerInput(None, torch.tensor([0]), time=torch.tensor([1])))
+
+
+@pytest.mark.parametrize("time_dtype", [torch.long, torch.float])
+def test_eligible_ends_match_counting_every_run(time_dtype):
+    # Runs of 0 to 40 edges (the last one ends the graph), tied timestamps, limits below,
+    # within and above each run's times.
+    from pyg_mgpu.data.csc import CSC
+    from pyg_mgpu.sampling.temporal import eligible_ends, sort_by_time
+    gen = torch.Generator().manual_seed(0)
+    degree = torch.randint(0, 41, (200,), generator=gen)
+    degree[-1] = 40
+    colptr = torch.cat([torch.zeros(1, dtype=torch.long), degree.cumsum(0)])
+    num_edges = int(colptr[-1])
+    edge_time = torch.randint(0, 20, (num_edges,), generator=gen).to(time_dtype)
+    csc = CSC(colptr=colptr, row=torch.zeros(num_edges, dtype=torch.long), perm=None)
+    by_time = sort_by_time(csc, None, edge_time)
+    dst = torch.cat([torch.arange(200), torch.randint(200, (300,), generator=gen)])
+    limit = torch.randint(-2, 23, (dst.numel(),), generator=gen).to(time_dtype)
+    ends = eligible_ends(colptr, by_time, dst, limit)
+    for v, lim, end in zip(dst.tolist(), limit.tolist(), ends.tolist()):
+        start = int(colptr[v])
+        times = edge_time[start:int(colptr[v + 1])]
+        assert end == start + int((times <= lim).sum()), (v, lim)

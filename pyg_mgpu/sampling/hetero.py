@@ -26,8 +26,9 @@ from torch_geometric.sampler.base import DataType, SubgraphType
 from pyg_mgpu.data.csc import edge_type_csc
 from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.draws import hop_edges
-from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, TreeIds, _csc_weights,
+from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _csc_weights,
                                                 _number_new_nodes, _unseen, induced_edges)
+from pyg_mgpu.sampling.tree_ids import TreeIds
 
 
 def check_hetero_options(*, disjoint: bool, subgraph_type, time_attr: Optional[str],
@@ -178,7 +179,7 @@ class HeteroDraws:
                     c.share_memory_()
             for t in self.by_time.values():
                 if not t.row.is_cuda:
-                    for tensor in (t.row, t.perm, t.time):
+                    for tensor in (t.row, t.perm, t.end_time):
                         tensor.share_memory_()
         self._lookups: dict[str, Tensor] = {}
 

@@ -36,6 +36,7 @@ from torch_geometric.sampler.base import DataType, SubgraphType
 from pyg_mgpu.data.csc import CSC, csc_of
 from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.draws import hop_edges
+from pyg_mgpu.sampling.tree_ids import TreeIds
 from pyg_mgpu.sampling.weighted import EdgeWeights, edge_weights
 
 
@@ -152,7 +153,7 @@ class NeighborSampler(PyGNeighborSampler):
             # This sampler's own copy of the sources and edge ids, sorted by time in each run.
             self._by_time = temporal.sort_by_time(self.csc, self.node_time, self.edge_time)
             if share_memory and not self._by_time.row.is_cuda:
-                for t in (self._by_time.row, self._by_time.perm, self._by_time.time):
+                for t in (self._by_time.row, self._by_time.perm, self._by_time.end_time):
                     t.share_memory_()
             self.row, self.perm = self._by_time.row, self._by_time.perm
         # Outputs are int32 for an int32 edge_index, as PyG's are.
@@ -466,60 +467,3 @@ def _runs(first: Tensor, length: Tensor, step: int, total: int) -> Tensor:
     previous_last = torch.cat([last.new_zeros(1), last[:-1]])  # the sum starts from 0
     out.index_copy_(0, torch.cumsum(length, 0).sub_(length), first - previous_last)
     return out.cumsum_(0)
-
-
-class TreeIds:
-    """Local ids in a disjoint batch: a node per (tree, node) pair, found through the sorted
-    keys ``tree * num_nodes + node`` (int32 where every pair fits: the per-hop sort then takes
-    half as long). The seeds are trees ``0, 1, ...`` in order; ids continue from them."""
-
-    def __init__(self, seed: Tensor, num_nodes: int, num_trees: int):
-        self.num_nodes = num_nodes
-        self.key_type = torch.int32 if num_trees * num_nodes < 2**31 else torch.int64
-        self.seed_trees = torch.arange(seed.numel(), device=seed.device)
-        self._keys = torch.sort((self.seed_trees * num_nodes + seed).to(self.key_type))
-        self.count = seed.numel()
-
-    def number(self, nbr: Tensor, nbr_tree: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(local ids of the pairs ``(nbr_tree, nbr)``, the new nodes in order of first
-        appearance, their trees)."""
-        n = self.num_nodes
-        keys, local_of_keys = self._keys
-        local, new_keys, keys, local_of_keys = _assign_local_ids(
-            (nbr_tree * n + nbr).to(self.key_type), keys, local_of_keys, self.count)
-        self._keys = (keys, local_of_keys)
-        self.count += new_keys.numel()
-        new_keys = new_keys.long()
-        return local, new_keys % n, new_keys // n
-
-
-def _assign_local_ids(keys: Tensor, seen_keys: Tensor, seen_local: Tensor,
-                      num_nodes: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Local ids of ``keys``: from ``seen_keys`` (sorted, distinct) where known, else new ids
-    from ``num_nodes`` on, in order of first appearance.
-
-    One stable sort of the seen keys and ``keys`` together finds both: equal keys end up side
-    by side in order of position, so each distinct key's first element there is its first
-    appearance, and a key whose first appearance is among the seen ones is known. Returns
-    (local ids, the new keys in order, and the merged sorted table with its local ids, for the
-    next hop).
-    """
-    num_seen = seen_keys.numel()
-    ordered, position = torch.sort(torch.cat([seen_keys, keys]), stable=True)
-    starts = torch.ones_like(ordered, dtype=torch.bool)
-    torch.ne(ordered[1:], ordered[:-1], out=starts[1:])
-    start_at = starts.nonzero().squeeze(1)
-    table = ordered.index_select(0, start_at)
-    first = position.index_select(0, start_at)  # each key's first position (a stable sort)
-    known = first < num_seen
-    new = (~known).nonzero().squeeze(1)
-    new_in_order = new.index_select(0, torch.argsort(first.index_select(0, new)))
-    table_local = seen_local.index_select(0, first.clamp(max=max(num_seen - 1, 0))) \
-        if num_seen else torch.empty_like(first)
-    table_local.index_copy_(0, new_in_order, torch.arange(num_nodes, num_nodes + new.numel(),
-                                                          device=keys.device))
-    # Each sorted element takes its key's local id; keys' own positions follow the sort.
-    group = torch.cumsum(starts, 0).sub_(1)
-    local_sorted = table_local.index_select(0, group)
-    local = torch.empty_like(local_sorted).index_copy_(0, position, local_sorted)[num_seen:]
-    return local, table.index_select(0, new_in_order), table, table_local

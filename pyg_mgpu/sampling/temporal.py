@@ -28,13 +28,14 @@ class TemporalCSC:
     Attributes:
         row: Source node of each position (the CSC's ``row``, re-sorted).
         perm: The caller's edge id at each position.
-        time: The timestamp each position is judged by: its source node's, or the edge's.
+        end_time: ``end_time[e]`` is the timestamp of position ``e - 1``, the last of a prefix
+            that ends at ``e`` (``end_time[0]`` is never decisive): one entry per edge, plus one.
         search_steps: Binary-search steps that cover the longest run.
     """
 
     row: Tensor
     perm: Tensor
-    time: Tensor
+    end_time: Tensor
     search_steps: int
 
 
@@ -67,31 +68,28 @@ def sort_by_time(csc: CSC, node_time: Optional[Tensor], edge_time: Optional[Tens
     order = order.index_select(0, torch.argsort(column.index_select(0, order), stable=True))
     longest = int(degree.max()) if degree.numel() else 0
     return TemporalCSC(row=csc.row.index_select(0, order), perm=perm.index_select(0, order),
-                       time=time.index_select(0, order), search_steps=longest.bit_length())
+                       end_time=torch.cat([time.new_zeros(1), time.index_select(0, order)]),
+                       search_steps=longest.bit_length())
 
 
 def eligible_ends(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor) -> Tensor:
     """Per node of ``dst``: the end of its run's prefix whose timestamps are <= ``limit``.
 
-    A binary search per node, all nodes in step: ``base`` is the prefix's end so far and
-    ``left`` the positions still undecided after it. On a GPU the step count covers the
-    graph's longest run (no host read per hop); on the CPU the longest run of ``dst`` (one
-    read), which on skewed graphs saves several steps, each a dozen passes over ``dst``.
+    A binary search per node, all nodes in step, by halving powers of two: ``end`` grows by
+    ``2^k`` wherever the prefix that long is still eligible (capped at the run's end, where a
+    whole eligible run stays put). Five passes over ``dst`` a step. On a GPU the step count
+    covers the graph's longest run (no host read per hop); on the CPU the longest run of
+    ``dst`` (one read), which on skewed graphs saves several steps.
     """
-    base = colptr.index_select(0, dst)
-    left = colptr[1:].index_select(0, dst).sub_(base)
+    end = colptr.index_select(0, dst)
+    run_end = colptr[1:].index_select(0, dst)
     steps = tcsc.search_steps
     if not dst.is_cuda:
-        steps = int(left.max()).bit_length() if left.numel() else 0
-    last = max(tcsc.time.numel() - 1, 0)
-    for _ in range(steps):
-        half = left >> 1
-        probe = base + half
-        eligible = tcsc.time.index_select(0, probe.clamp_(max=last)) <= limit
-        eligible &= left > 0
-        base = torch.where(eligible, probe.add_(1), base)
-        left = torch.where(eligible, left.sub_(half).sub_(1), half)
-    return base
+        steps = int((run_end - end).max()).bit_length() if dst.numel() else 0
+    for k in reversed(range(steps)):
+        probe = torch.minimum(end + (1 << k), run_end)
+        end = torch.where(tcsc.end_time.index_select(0, probe) <= limit, probe, end)
+    return end
 
 
 def eligible_runs(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor, fanout: int,
