@@ -16,7 +16,7 @@ from torch import Tensor
 # One odd 31-bit multiplier per hashing round (Knuth's multiplicative hashing on 32 bits).
 HASH_MULTIPLIERS = (0x5851F42D, 0x2545F491, 0x27BB2EE7, 0x369DEA0F)
 # Table slots per key hashed: more slots, fewer keys sharing one with another key.
-_SLOTS_PER_KEY = 2
+_SLOTS_PER_KEY = 4
 
 
 class TreeIds:
@@ -40,8 +40,9 @@ class TreeIds:
         appearance, their trees)."""
         keys = (nbr_tree * self.num_nodes + nbr).to(self.key_type)
         local, is_new = assign_local_ids(keys, self._keys)
-        self._keys = torch.cat([self._keys, keys.masked_select(is_new)])
-        return local, nbr.masked_select(is_new), nbr_tree.masked_select(is_new)
+        new = is_new.nonzero().squeeze(1)
+        self._keys = torch.cat([self._keys, keys.index_select(0, new)])
+        return local, nbr.index_select(0, new), nbr_tree.index_select(0, new)
 
 
 def assign_local_ids(keys: Tensor, seen_keys: Tensor) -> tuple[Tensor, Tensor]:
@@ -49,13 +50,13 @@ def assign_local_ids(keys: Tensor, seen_keys: Tensor) -> tuple[Tensor, Tensor]:
     and each new key takes the next id at its first appearance. Returns (int64 local ids, a
     mask of the positions that are a new key's first appearance)."""
     num_seen = seen_keys.numel()
-    first = first_positions(torch.cat([seen_keys, keys]))[num_seen:]
-    is_new = first == torch.arange(num_seen, num_seen + keys.numel(), dtype=first.dtype,
-                                   device=keys.device)
-    new_local = torch.cumsum(is_new, 0, dtype=first.dtype).add_(num_seen - 1)
-    local = torch.where(first < num_seen, first,
-                        new_local.index_select(0, first.sub(num_seen).clamp_(min=0)))
-    return local.long(), is_new
+    first = first_positions(torch.cat([seen_keys, keys]))
+    is_new = first[num_seen:] == torch.arange(num_seen, first.numel(), dtype=first.dtype,
+                                              device=keys.device)
+    # The local id at each position that is a first appearance (the only ones read).
+    local_at = torch.cat([torch.arange(num_seen, device=keys.device),
+                          torch.cumsum(is_new, 0).add_(num_seen - 1)])
+    return local_at.index_select(0, first[num_seen:]), is_new
 
 
 def first_positions(keys: Tensor, multipliers: tuple[int, ...] = HASH_MULTIPLIERS) -> Tensor:
@@ -65,40 +66,38 @@ def first_positions(keys: Tensor, multipliers: tuple[int, ...] = HASH_MULTIPLIER
     smallest offer wins (a scatter-min: the same result on any thread count or device). A key's
     positions share a slot, so when the winner holds the same key it is that key's first
     position, for all of them at once; keys beaten by another key in their slot try again with
-    the next multiplier. With two slots per key ~10% go to a second round and ~0.05% to a fifth;
-    a stable sort settles any left after the last.
+    the next multiplier. With four slots per key ~10% of a sampled hop's positions go to a
+    second round and ~1 in 10^4 past the fourth; a stable sort settles any left after the last.
     """
     n = keys.numel()
     position_type = torch.int32 if n < 2**31 else torch.int64
     hashed = keys.long()
     if keys.dtype == torch.int64:  # fold to 31 bits: the product below stays within int64
         hashed = (hashed ^ (hashed >> 31)) & 0x7FFFFFFF
-    first = torch.arange(n, dtype=position_type, device=keys.device)
-    pending: Optional[Tensor] = None  # positions not yet settled (None: all of them)
+    first: Optional[Tensor] = None
+    pending = torch.arange(n, device=keys.device)  # positions not yet settled
     for multiplier in multipliers:
-        if pending is None:
-            position, key, hashed_key = first, keys, hashed
+        if first is None:  # the first round: every position
+            key, hashed_key = keys, hashed
         else:
-            position = pending.to(position_type)
             key, hashed_key = keys.index_select(0, pending), hashed.index_select(0, pending)
+        position = pending.to(position_type)
         bits = max(1, (_SLOTS_PER_KEY * position.numel() - 1).bit_length())
         slot = ((hashed_key * multiplier) >> (32 - bits)) & ((1 << bits) - 1)
         table = torch.full((1 << bits,), n, dtype=position_type, device=keys.device)
         table.scatter_reduce_(0, slot, position, reduce="amin")
         winner = table.index_select(0, slot)
-        settled = keys.index_select(0, winner) == key
-        if pending is None:
-            first = torch.where(settled, winner, first)
-            pending = (~settled).nonzero().squeeze(1)
+        # Right where the winner holds the same key; the others are overwritten later.
+        if first is None:
+            first = winner
         else:
-            first.index_copy_(0, pending, torch.where(settled, winner, position))
-            pending = pending.masked_select(~settled)
+            first.index_copy_(0, pending, winner)
+        pending = pending.masked_select(keys.index_select(0, winner) != key)
         if pending.numel() == 0:
             return first
-    if pending is None:  # no rounds at all
-        pending = torch.arange(n, device=keys.device)
-    if pending.numel():
-        _settle_by_sort(keys, pending, first)
+    if first is None:  # no hashing rounds
+        first = torch.empty(n, dtype=position_type, device=keys.device)
+    _settle_by_sort(keys, pending, first)
     return first
 
 
