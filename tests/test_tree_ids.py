@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from pyg_mgpu.sampling import tree_ids
 from pyg_mgpu.sampling.tree_ids import (HASH_MULTIPLIERS, TreeIds, assign_local_ids,
                                         first_positions)
 
@@ -27,6 +28,13 @@ def test_first_positions_match_python_with_any_number_of_hash_rounds(dtype, roun
         keys = _keys_with_repeats(n, distinct, dtype, seed=n + rounds)
         first = first_positions(keys, multipliers=HASH_MULTIPLIERS[:rounds])
         assert first.tolist() == first_positions_reference(keys.tolist()), (n, distinct)
+
+
+def test_first_positions_with_a_table_smaller_than_the_keys(monkeypatch):
+    # The table's size cap (for hops of billions of keys), here 8 slots for 3000 distinct keys.
+    monkeypatch.setattr(tree_ids, "_MAX_SLOT_BITS", 3)
+    keys = _keys_with_repeats(5000, 3000, torch.int32)
+    assert first_positions(keys).tolist() == first_positions_reference(keys.tolist())
 
 
 def test_first_positions_when_every_key_shares_one_slot():

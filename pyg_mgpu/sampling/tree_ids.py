@@ -17,6 +17,8 @@ from torch import Tensor
 HASH_MULTIPLIERS = (0x5851F42D, 0x2545F491, 0x27BB2EE7, 0x369DEA0F)
 # Table slots per key hashed: more slots, fewer keys sharing one with another key.
 _SLOTS_PER_KEY = 4
+# At most 2^28 slots (1 GiB of int32): a larger hop shares slots more, and takes more rounds.
+_MAX_SLOT_BITS = 28
 
 
 class TreeIds:
@@ -83,7 +85,7 @@ def first_positions(keys: Tensor, multipliers: tuple[int, ...] = HASH_MULTIPLIER
         else:
             key, hashed_key = keys.index_select(0, pending), hashed.index_select(0, pending)
         position = pending.to(position_type)
-        bits = max(1, (_SLOTS_PER_KEY * position.numel() - 1).bit_length())
+        bits = min(max(1, (_SLOTS_PER_KEY * position.numel() - 1).bit_length()), _MAX_SLOT_BITS)
         slot = ((hashed_key * multiplier) >> (32 - bits)) & ((1 << bits) - 1)
         table = torch.full((1 << bits,), n, dtype=position_type, device=keys.device)
         table.scatter_reduce_(0, slot, position, reduce="amin")
