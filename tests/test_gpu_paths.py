@@ -17,7 +17,7 @@ from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed.launch import launch_local, spawn
 from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.nn.sage import GraphSAGE
-from pyg_mgpu.sampling import weighted
+from pyg_mgpu.sampling import tree_ids, weighted
 from pyg_mgpu.sampling.bidirectional import BidirectionalNeighborSampler
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
@@ -204,6 +204,17 @@ def test_disjoint_keeps_trees_apart_on_cuda():
     assert keys.unique().numel() == keys.numel(), "a (seed, node) pair appears twice"
     assert out.node[:3].tolist() == [7, 7, 9] and out.batch[:3].tolist() == [0, 1, 2]
     assert torch.equal(out.batch[out.row], out.batch[out.col])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_disjoint_numbering_equals_the_cpus_on_cuda(dtype):
+    # The scatter-min of the hashing rounds, and the sort after a round too few, on CUDA.
+    keys = torch.randint(0, 5000, (20000,), generator=torch.Generator().manual_seed(0))
+    keys = (keys * 2**33 if dtype == torch.int64 else keys).to(dtype)
+    for rounds in (0, 1, len(tree_ids.HASH_MULTIPLIERS)):
+        multipliers = tree_ids.HASH_MULTIPLIERS[:rounds]
+        on_gpu = tree_ids.first_positions(keys.to(CUDA), multipliers)
+        assert torch.equal(on_gpu.cpu(), tree_ids.first_positions(keys, multipliers))
 
 
 def test_uniform_without_replacement_on_cuda():
