@@ -650,6 +650,45 @@ def test_serves_pyg_link_neighbor_loader(disjoint):
         assert torch.equal(batch.n_id[batch.edge_label_index], label_index[:, batch.input_id])
 
 
+@pytest.mark.parametrize("options", [{}, {"disjoint": True}, {"time_attr": "time"}])
+@pytest.mark.parametrize("graph,fanout", [("no edges", [3, 2]), ("edges", []),
+                                          ("no edges", [])])
+def test_a_graph_without_edges_or_hops_gives_the_seeds_alone(options, graph, fanout):
+    # As PyG's samplers: a Data without edge_index is a graph without edges, and
+    # num_neighbors=[] samples no hop.
+    data = random_graph()
+    data.time = torch.arange(data.num_nodes)
+    if graph == "no edges":
+        del data.edge_index, data.edge_attr
+    out = NeighborSampler(data, fanout, seed=0, **options).sample(torch.tensor([5, 9, 5]))
+    assert out.node.tolist() == [5, 9, 5]  # the seeds as given, as pyg-lib keeps them
+    assert out.row.numel() == out.col.numel() == out.edge.numel() == 0
+    assert out.num_sampled_nodes == [3] + [0] * len(fanout)
+
+
+def test_temporal_link_prediction_through_pyg_link_neighbor_loader():
+    # Each labelled edge's time bounds both of its endpoints' trees: no sampled edge's source
+    # is later than the time of the labelled edge whose tree it joins.
+    from torch_geometric.loader import LinkNeighborLoader
+    data = random_graph()
+    data.time = torch.randint(0, 50, (data.num_nodes,), generator=torch.Generator().manual_seed(3))
+    label_index, label_time = data.edge_index[:, :40], torch.arange(40) + 10
+    sampler = NeighborSampler(data, [3, 2], time_attr="time", seed=0)
+    loader = LinkNeighborLoader(data, [3, 2], edge_label_index=label_index, batch_size=10,
+                                edge_label_time=label_time, time_attr="time",
+                                neighbor_sampler=sampler)
+    seen = 0
+    for batch in loader:
+        check_names_callers_edges(data, batch)
+        assert torch.equal(batch.n_id[batch.edge_label_index], label_index[:, batch.input_id])
+        # Tree i of the batch belongs to its labelled edge i (both endpoints), as in PyG.
+        tree_time = label_time[batch.input_id].repeat(2)
+        sources = batch.edge_index[0]
+        assert bool((data.time[batch.n_id[sources]] <= tree_time[batch.batch[sources]]).all())
+        seen += batch.input_id.numel()
+    assert seen == 40
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_an_epoch_continued_from_a_step_draws_the_same_batches(prefetch):
     """``set_epoch(epoch, start_step=k)`` with the generator state from before batch k gives the

@@ -209,9 +209,10 @@ def csc_of(data: Data, is_sorted: bool = False, transpose: bool = False) -> CSC:
     ``edge_index``'s device and cached."""
     csc = cached_csc(data, transpose)
     if csc is None:
-        if "edge_index" not in data:
-            raise ValueError("the graph has no 'edge_index'; neighbour sampling needs one.")
-        csc = build_csc(data.edge_index, data.num_nodes, is_sorted, transpose)
+        edge_index = data.get("edge_index")
+        if edge_index is None:  # a graph without edges, as PyG's samplers take it
+            edge_index = torch.empty(2, 0, dtype=torch.long)
+        csc = build_csc(edge_index, data.num_nodes, is_sorted, transpose)
         attach_csc(data, csc, transpose)
     return csc
 

@@ -158,6 +158,7 @@ class NeighborSampler(PyGNeighborSampler):
             self.row, self.perm = self._by_time.row, self._by_time.perm
         # Outputs are int32 for an int32 edge_index, as PyG's are.
         self.index_dtype = (torch.int32 if self.data_type == DataType.homogeneous
+                            and data.get("edge_index") is not None
                             and data.edge_index.dtype == torch.int32 else torch.long)
         self.weights = (_csc_weights(data, weight_attr, self.csc, replace)
                         if self.data_type == DataType.homogeneous else None)
@@ -304,7 +305,7 @@ class NeighborSampler(PyGNeighborSampler):
                 # As PyG's induced sampling (torch-sparse): no per-hop counts.
                 num_sampled_nodes = num_sampled_edges = None
             else:
-                row, col, edge = torch.cat(rows), torch.cat(cols), torch.cat(edges)
+                row, col, edge = (_cat(parts, self.device) for parts in (rows, cols, edges))
         finally:
             # Leave the scratch array clean for the next batch, even after an error.
             lookup.index_fill_(0, torch.cat(nodes), _unseen(lookup.dtype))
@@ -343,8 +344,9 @@ class NeighborSampler(PyGNeighborSampler):
             num_sampled_edges.append(edge.numel())
             frontier, frontier_batch, frontier_start = new_nodes, new_batch, num_nodes
             num_nodes += new_nodes.numel()
-        return SamplerOutput(node=torch.cat(nodes), row=torch.cat(rows), col=torch.cat(cols),
-                             edge=torch.cat(edges), batch=torch.cat(batches),
+        row, col, edge = (_cat(parts, self.device) for parts in (rows, cols, edges))
+        return SamplerOutput(node=torch.cat(nodes), row=row, col=col, edge=edge,
+                             batch=torch.cat(batches),
                              num_sampled_nodes=num_sampled_nodes,
                              num_sampled_edges=num_sampled_edges)
 
@@ -394,6 +396,11 @@ def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,
     if csc.perm is not None:
         weight = weight.index_select(0, csc.perm)
     return edge_weights(weight, csc.colptr, replace)
+
+
+def _cat(parts: list, device: torch.device) -> Tensor:
+    """``torch.cat(parts)``, or an empty int64 tensor for no parts (no hops to sample)."""
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long, device=device)
 
 
 def _number_new_nodes(nbr: Tensor, lookup: Tensor, first_id: int) -> Tensor:
