@@ -689,6 +689,42 @@ def test_temporal_link_prediction_through_pyg_link_neighbor_loader():
     assert seen == 40
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["data", "temporal", "hetero"])
+def test_spawn_started_loader_workers_give_the_in_process_batches(graph):
+    # With the spawn start method (CUDA users' usual one) each worker unpickles the sampler.
+    # All neighbours (-1): the batches do not depend on the workers' random streams.
+    from test_hetero_sampling import timed_graph as timed_hetero_graph
+    options, input_nodes = {}, None
+    if graph == "hetero":
+        data, input_nodes = timed_hetero_graph(), ("paper", None)
+        options = {"time_attr": "time"}
+    else:
+        data = random_graph()
+        if graph == "temporal":
+            data.time = torch.arange(data.num_nodes)
+            options = {"time_attr": "time"}
+
+    def batches(**workers):
+        loader = NeighborLoader(data, [-1, -1], input_nodes=input_nodes, batch_size=25,
+                                **options, **workers)
+        return [batch.to_dict() for batch in loader]
+
+    def assert_equal(ours, theirs):  # batches as (nested, for HeteroData) dicts
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            if isinstance(ours[key], dict):
+                assert_equal(ours[key], theirs[key])
+            elif isinstance(ours[key], torch.Tensor):
+                assert torch.equal(ours[key], theirs[key]), key
+
+    in_process = batches()
+    spawned = batches(num_workers=2, multiprocessing_context="spawn")
+    assert len(spawned) == len(in_process) > 1
+    for ours, theirs in zip(spawned, in_process):
+        assert_equal(ours, theirs)
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_an_epoch_continued_from_a_step_draws_the_same_batches(prefetch):
     """``set_epoch(epoch, start_step=k)`` with the generator state from before batch k gives the

@@ -209,11 +209,13 @@ class NeighborSampler(PyGNeighborSampler):
         # DataLoader workers rebuild their own lookup array; never pickle per-process scratch.
         state = self.__dict__.copy()
         state["_lookup"] = None
-        state["generator"] = self.generator.get_state()
+        # As bytes: a tensor made here would go to a spawned worker as shared memory that is
+        # freed when pickling ends, before the worker maps it.
+        state["generator"] = self.generator.get_state().numpy().tobytes()
         return state
 
     def __setstate__(self, state: dict) -> None:
-        gen_state = state.pop("generator")
+        gen_state = torch.frombuffer(bytearray(state.pop("generator")), dtype=torch.uint8)
         self.__dict__.update(state)
         self.generator = torch.Generator(device=self.device)
         self.generator.set_state(gen_state)
