@@ -300,6 +300,43 @@ def test_backward_walks_each_edge_type_from_its_source():
         check_names_callers_edges(data, batch)
 
 
+@pytest.mark.parametrize("remote", [False, True])
+def test_backward_fanouts_per_edge_type_name_the_graphs_edge_types(remote):
+    # {edge type: fanouts} keyed by the caller's edge types, as PyG's setter maps them: the
+    # same batch as the forward walk over the reversed graph with the reversed keys.
+    data = academic_graph()
+    reverse = HeteroData()
+    for t in data.node_types:
+        reverse[t].x = data[t].x
+    for src, rel, dst in data.edge_types:
+        reverse[dst, rel, src].edge_index = data[src, rel, dst].edge_index.flip(0)
+    fanouts = {("paper", "cites", "paper"): [-1, -1], ("author", "writes", "paper"): [0, 0],
+               ("paper", "rev_writes", "author"): [-1, 0]}
+    from test_remote_sampling import remote_hetero
+    graph = remote_hetero(data) if remote else data
+    backward = pyg_mgpu.NeighborSampler(graph, fanouts, sample_direction="backward", seed=0)
+    forward = pyg_mgpu.NeighborSampler(
+        reverse, {(dst, rel, src): k for (src, rel, dst), k in fanouts.items()}, seed=0)
+    got, expected = sample(backward, [3, 11]), sample(forward, [3, 11])
+    assert got.row[("author", "writes", "paper")].numel() == 0
+    assert got.row[("paper", "rev_writes", "author")].numel() > 0
+    for t in data.node_types:  # as sets: a store may order a node's edges its own way
+        assert sorted(got.node[t].tolist()) == sorted(expected.node[t].tolist())
+    for src, rel, dst in data.edge_types:
+        et, rt = (src, rel, dst), (dst, rel, src)
+        assert (sorted(backward.edge_permutation[et][got.edge[et]].tolist())
+                == sorted(forward.edge_permutation[rt][expected.edge[rt]].tolist()))
+
+
+def test_edge_ids_are_int64_on_every_edge_type():
+    # academic_graph's edge types are unsorted: their CSC keeps the permutation as int32.
+    data = academic_graph()
+    loader = pyg_mgpu.NeighborLoader(data, [3, 2], input_nodes=("paper", None), batch_size=16)
+    batch = next(iter(loader))
+    assert {et: batch[et].e_id.dtype for et in batch.edge_types} == dict.fromkeys(
+        data.edge_types, torch.int64)
+
+
 def test_refuses_what_pyg_refuses():
     data = timed_graph()
     for options, error, what in (
@@ -319,6 +356,8 @@ def test_refuses_what_pyg_refuses():
         sample(sampler, [1])  # edge timestamps: the seeds' times must be given
     with pytest.raises(ValueError, match="input_time was given"):
         sample(pyg_mgpu.NeighborSampler(data, [2]), [1], time=torch.tensor([5]))
+    with pytest.raises(ValueError, match=r"node type\(s\) \['papr'\]"):
+        sample(pyg_mgpu.NeighborSampler(data, [2]), [1], seed_type="papr")
     with pytest.raises(ValueError, match="homogeneous graphs"):
         pyg_mgpu.BidirectionalNeighborSampler(data, [2])
     with pytest.raises(ValueError, match="outside"):

@@ -226,3 +226,16 @@ def test_trimmed_layers_give_the_seeds_the_untrimmed_outputs(conv, fanout):
                         num_sampled_edges_dict=batch.num_sampled_edges_dict)
         assert trimmed.size(0) < batch["paper"].num_nodes  # the last layer ran on fewer nodes
         assert torch.allclose(trimmed[:seeds], full, atol=1e-5)
+
+
+def test_trimming_refuses_fewer_hops_than_layers():
+    data = make_synthetic_hetero(SMALL)
+    batch = next(iter(pyg_mgpu.NeighborLoader(data, [4], input_nodes=("paper", None),
+                                              batch_size=16, seed=0)))
+    model = HeteroGNN(data.metadata(), {"paper": 64, "author": 64}, 16, data.num_classes,
+                      num_layers=2, target="paper")
+    with pytest.raises(ValueError, match="1 hop\\(s\\), fewer than the model's 2 layers"):
+        model(batch.x_dict, batch.edge_index_dict,
+              num_sampled_nodes_dict=batch.num_sampled_nodes_dict,
+              num_sampled_edges_dict=batch.num_sampled_edges_dict)
+    assert model(batch.x_dict, batch.edge_index_dict).size(0) == batch["paper"].num_nodes

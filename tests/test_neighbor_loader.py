@@ -9,7 +9,8 @@ import pickle
 import pytest
 import torch
 from scipy.stats import chisquare
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.sampler import NodeSamplerInput
 
 from pyg_mgpu.data.csc import cached_csc
 from pyg_mgpu.sampling import weighted
@@ -194,6 +195,27 @@ def test_a_repeated_seed_is_known_by_its_first_position():
     hop2 = slice(out.num_sampled_edges[0], None)
     assert out.node[:3].tolist() == [0, 0, 1]
     assert out.row[hop2].tolist() == [0]
+
+
+@pytest.mark.parametrize("kind", ["data", "hetero"])
+def test_repeated_seeds_covering_the_graph_leave_each_node_once(kind):
+    # Seeds [0, 0] of a 2-node graph: the batch's local ids (0, 1, then 2 for node 1) pass the
+    # node count, and must still read as known, not as a new node.
+    edge_index = torch.tensor([[1, 1], [0, 1]])  # 1->0, 1->1
+    seeds = torch.tensor([0, 0])
+    if kind == "data":
+        out = NeighborSampler(Data(edge_index=edge_index, num_nodes=2), [-1, -1]).sample(seeds)
+        node, row, col = out.node, out.row, out.col
+    else:
+        data = HeteroData()
+        data["p"].num_nodes = 2
+        data["p", "r", "p"].edge_index = edge_index
+        out = NeighborSampler(data, [-1, -1]).sample_from_nodes(
+            NodeSamplerInput(None, seeds, input_type="p"))
+        node, row, col = out.node["p"], out.row[("p", "r", "p")], out.col[("p", "r", "p")]
+    assert node.tolist() == [0, 0, 1]
+    assert row.tolist() == [2, 2, 2] and col.tolist() == [0, 1, 2]
+    assert (out.num_sampled_nodes if kind == "data" else out.num_sampled_nodes["p"]) == [2, 1, 0]
 
 
 def test_disjoint_keeps_repeated_seeds_apart():

@@ -208,12 +208,12 @@ def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
     sampler = native(graph, [5, 5], seed=0)
     calls = []
 
-    def fail_on_second_hop(nbr, lookup):  # after hop 1 is recorded, mid-update of hop 2
+    def fail_on_second_hop(nbr, lookup, num_ids):  # after hop 1 is recorded, mid-update of hop 2
         calls.append(1)
         if len(calls) == 2:
             lookup.scatter_reduce_(0, nbr, torch.zeros_like(nbr, dtype=lookup.dtype), reduce="amin")
             raise RuntimeError("injected")
-        return original(nbr, lookup)
+        return original(nbr, lookup, num_ids)
     original = neighbor_sampler._first_occurrences
     monkeypatch.setattr(neighbor_sampler, "_first_occurrences", fail_on_second_hop)
     with pytest.raises(RuntimeError, match="injected"):

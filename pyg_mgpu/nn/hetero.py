@@ -111,6 +111,13 @@ class HeteroGNN(nn.Module):
         only the nodes within ``L - i`` hops of the seeds and the edges into them, and computes
         outputs only for the nodes within ``L - i - 1`` hops (the next layer's inputs); the
         seeds' outputs stay the untrimmed model's."""
+        if num_sampled_nodes_dict:
+            hops = len(next(iter(num_sampled_nodes_dict.values()))) - 1
+            if hops < len(self.plan):  # trimming would leave the seeds out
+                raise ValueError(f"the batch was sampled over {hops} hop(s), fewer than the "
+                                 f"model's {len(self.plan)} layers: sample at least as many "
+                                 "hops as layers, or call it without the per-hop counts.")
+
         def rows(t: str, hops: int) -> Tensor:  # x_dict[t] without its last `hops` hops
             if num_sampled_nodes_dict is None or hops == 0:
                 return x_dict[t]

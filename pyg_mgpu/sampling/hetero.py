@@ -357,8 +357,11 @@ class HeteroNeighborSampler(NeighborSampler):
         self.node_time, self.edge_time = self.draws.node_time, self.draws.edge_time
         self.perm = self.draws.perm
         self.weights = None
+        # PyG's setter reads this map in backward sampling: fanouts given per edge type name
+        # the graph's edge types, and are kept under the walked (reversed) ones.
+        self.to_backward_edge_type = {et: walked for walked, et in self.draws.original.items()}
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
-        self.num_neighbors.get_values(self.edge_types)  # checks the edge types and hop counts
+        self.fanouts  # checks the edge types and hop counts
         self.replace = replace
         self.subgraph_type = SubgraphType(subgraph_type)
         self.disjoint = disjoint  # PyG's property: always True when temporal
@@ -372,8 +375,9 @@ class HeteroNeighborSampler(NeighborSampler):
 
     @property
     def fanouts(self) -> dict:
-        """Neighbours per hop, per edge type (as walked: reversed for backward sampling)."""
-        return self.num_neighbors.get_values(self.edge_types)
+        """Neighbours per hop, per edge type (as walked: reversed for backward sampling;
+        PyG's ``num_neighbors`` property gives back the caller's own keys)."""
+        return self._num_neighbors.get_values(self.edge_types)
 
     def _tree_times(self, seed: dict, seed_time: Optional[dict]) -> Tensor:
         """The time bounding each tree: ``input_time`` where given, else the seed's own
@@ -395,6 +399,10 @@ class HeteroNeighborSampler(NeighborSampler):
         if not isinstance(seed, dict):
             raise ValueError("a HeteroData sampler takes its seeds per node type: use "
                              "input_nodes=(node_type, index_or_mask).")
+        unknown = sorted(set(seed) - set(self.node_types))
+        if unknown:
+            raise ValueError(f"seeds of node type(s) {unknown}, which the graph does not have; "
+                             f"its node types are {self.node_types}.")
         if seed_time is not None and not self.is_temporal:
             raise ValueError("input_time was given, but the sampler has no time_attr; pass "
                              "time_attr (the node or edge timestamps) for temporal sampling.")

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
 from torch_geometric.loader.utils import get_input_nodes
 
@@ -166,14 +166,13 @@ class NeighborLoader(PyGNeighborLoader):
         # A batch is a shallow copy of the graph; it must not carry the graph's CSC along
         # (DataLoader workers would pickle it with every batch).
         batch = super().filter_fn(out)
-        if isinstance(batch, HeteroData):
-            for store in batch.edge_stores:  # each edge type's CSC is cached with its store
-                drop_cached_csc(store)
-            return batch
-        batch = drop_cached_csc(batch)
-        if "e_id" in batch:  # the CSC stores the edge permutation as int32 where it fits
-            batch.e_id = batch.e_id.long()
-        return batch
+        # Each edge type's CSC is cached with its store. The CSC keeps the edge permutation
+        # as int32 where it fits; e_id is int64, as PyG's.
+        for store in batch.edge_stores:
+            drop_cached_csc(store)
+            if "e_id" in store:
+                store.e_id = store.e_id.long()
+        return drop_cached_csc(batch) if isinstance(batch, Data) else batch
 
 
 def _rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:

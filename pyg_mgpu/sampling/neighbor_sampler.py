@@ -407,28 +407,29 @@ def _cat(parts: list, device: torch.device) -> Tensor:
 
 def _number_new_nodes(nbr: Tensor, lookup: Tensor, first_id: int) -> Tensor:
     """The nodes of ``nbr`` not yet in ``lookup``, in order of first appearance, entered in it
-    with the local ids ``first_id, first_id + 1, ...``."""
-    new = _first_occurrences(nbr, lookup)
+    with the local ids ``first_id, first_id + 1, ...`` (the ids below are the batch's so far)."""
+    new = _first_occurrences(nbr, lookup, first_id)
     lookup.index_copy_(0, new, torch.arange(first_id, first_id + new.numel(),
                                             dtype=lookup.dtype, device=lookup.device))
     return new
 
 
-def _first_occurrences(nbr: Tensor, lookup: Tensor) -> Tensor:
+def _first_occurrences(nbr: Tensor, lookup: Tensor, num_ids: int) -> Tensor:
     """Distinct nodes of ``nbr`` not yet in ``lookup``, in order of first appearance.
 
-    Every position offers ``num_nodes + position`` to its node's lookup entry and the smallest
-    wins. Known nodes hold a local id (below ``num_nodes``) and keep it; unseen ones hold
-    ``_unseen`` (above everything) and end up with their first position, which reads back
+    Every position offers ``base + position`` to its node's lookup entry and the smallest
+    wins, where ``base`` is above every local id given so far (``num_ids`` of them; more than
+    the graph's nodes when seeds repeat). Known nodes hold a local id and keep it; unseen ones
+    hold ``_unseen`` (above everything) and end up with their first position, which reads back
     equal only there. No sort, one pass, and the same order on every run and thread count (a
     plain indexed write lets an arbitrary duplicate win when it runs in parallel).
     """
-    if lookup.numel() + nbr.numel() >= _unseen(lookup.dtype):
+    base = max(lookup.numel(), num_ids)
+    if base + nbr.numel() >= _unseen(lookup.dtype):
         raise RuntimeError(f"{nbr.numel():,} sampled neighbours in one hop of a "
                            f"{lookup.numel():,}-node graph overflow the lookup's "
                            f"{lookup.dtype}; sample smaller batches.")
-    offer = torch.arange(lookup.numel(), lookup.numel() + nbr.numel(), dtype=lookup.dtype,
-                         device=nbr.device)
+    offer = torch.arange(base, base + nbr.numel(), dtype=lookup.dtype, device=nbr.device)
     lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
     return nbr.masked_select(lookup.index_select(0, nbr) == offer)
 
