@@ -127,6 +127,26 @@ def test_cache_stores_give_the_batches_of_the_data(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("placement", ["mmap", "shm"])
+def test_cache_stores_reach_spawn_started_loader_workers(tmp_path, placement):
+    # The sampler's CSC and the seeds map the cache's files: they go to each worker as the
+    # files, which torch's own sharing cannot do ("Bad file descriptor").
+    graph = open_stores("synthetic", synthetic=SMALL_SPEC, cache_dir=tmp_path,
+                        placement=placement)
+
+    def batches(**workers):
+        return list(pyg_mgpu.NeighborLoader(graph.stores, [-1], input_nodes=graph.train_idx,
+                                            batch_size=64, **workers))
+
+    in_process = batches()
+    spawned = batches(num_workers=2, multiprocessing_context="spawn")
+    assert len(spawned) == len(in_process) > 1
+    for ours, theirs in zip(spawned, in_process):
+        for key in ("n_id", "e_id", "x", "y", "edge_index"):
+            assert torch.equal(ours[key], theirs[key]), key
+
+
+@pytest.mark.slow
 def test_cache_stores_reach_spawned_ranks_as_mapped_files(tmp_path):
     graph = open_stores("synthetic", synthetic=SMALL_SPEC, cache_dir=tmp_path)
     train = graph.train_idx.numel()

@@ -12,6 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from multiprocessing.reduction import ForkingPickler
 from typing import Iterator, Optional
 
 import numpy as np
@@ -62,11 +63,15 @@ class MappedFile:
 
     def open(self) -> Tensor:
         """Maps the file copy-on-write: nothing is read until touched, and every process
-        mapping it shares the page cache's pages."""
+        mapping it shares the page cache's pages. The tensor goes to another process (a
+        spawned rank or DataLoader worker) as this file, which the receiver maps again."""
         if self.numel == 0:
             return torch.empty(self.shape, dtype=self.torch_dtype)
-        return torch.from_file(self.path, shared=False, size=self.numel,
-                               dtype=self.torch_dtype).view(self.shape)
+        mapped = torch.from_file(self.path, shared=False, size=self.numel,
+                                 dtype=self.torch_dtype).view(self.shape)
+        mapped = mapped.as_subclass(MappedTensor)
+        mapped.mapped_file = self
+        return mapped
 
     def read_shared(self) -> Tensor:
         """Reads the file into a new shared-memory tensor."""
@@ -75,6 +80,27 @@ class MappedFile:
             with open(self.path, "rb") as f:
                 f.readinto(t.view(-1).view(torch.uint8).numpy())
         return t
+
+
+class MappedTensor(Tensor):
+    """A tensor that maps a :class:`MappedFile`: an ordinary tensor in every operation (whose
+    results are plain tensors, at no cost per call), sent to other processes as its file.
+
+    torch would otherwise share it like any tensor, through a shared-memory descriptor, which a
+    file mapping does not have ("Bad file descriptor" in the sending process).
+    """
+
+    mapped_file: MappedFile
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+def _reduce_mapped_tensor(tensor: MappedTensor):
+    return MappedFile.open, (tensor.mapped_file,)
+
+
+# Multiprocessing's pickler only (DataLoader workers, spawned ranks); pickle and torch.save
+# still write the tensor's data.
+ForkingPickler.register(MappedTensor, _reduce_mapped_tensor)
 
 
 @dataclass
