@@ -78,3 +78,17 @@ def seeds_from_cached_stores(ctx, graph, result):
     seeds = torch.cat([batch.n_id[:batch.batch_size] for batch in loader])
     result[ctx.rank, :seeds.numel()] = seeds
     result[ctx.rank, -1] = int("x" in graph.feature_store.graph.mapped)
+
+
+def join_late_then_reduce(rank, init_method, delay_s, timeout_s, result):
+    """Joins a 2-rank group ``delay_s * rank`` seconds late, with a shorter collective timeout
+    than that delay, and all-reduces a one."""
+    import time
+
+    from pyg_mgpu.distributed.launch import process_group
+    time.sleep(delay_s * rank)
+    with process_group(rank, 2, torch.device("cpu"), init_method=init_method,
+                       timeout_s=timeout_s, backend="gloo"):
+        one = torch.ones(1)
+        torch.distributed.all_reduce(one)
+        result[rank] = one

@@ -47,20 +47,9 @@ def test_a_failed_rank_ends_the_job_with_its_traceback():
     assert time.monotonic() - start < 60
 
 
-def _ended_ranks(exit_code: int) -> list:
-    """Two processes that have both exited with ``exit_code`` before anyone watched them."""
-    processes = [multiprocessing.get_context("fork").Process(target=os._exit, args=(exit_code,))
-                 for _ in range(2)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-    return processes
-
-
 def test_ranks_that_end_at_the_same_moment_still_fail_the_job(tmp_path):
     # The watcher may first look when every rank has already ended: their exit codes count.
-    outcome = launch._watch_ranks(_ended_ranks(3), launch._LauncherSignals(grace_s=2))
+    outcome = launch._watch_ranks(_ended([3, 3]), launch._LauncherSignals(grace_s=2))
     assert outcome.first_failed == (0, 3)
     with pytest.raises(RankFailed, match="rank 0 exited with code 3"):
         launch._raise_for(outcome, 0, str(tmp_path), grace_s=2)
@@ -68,12 +57,67 @@ def test_ranks_that_end_at_the_same_moment_still_fail_the_job(tmp_path):
 
 def test_ranks_their_watchdog_ended_stop_the_job_even_if_they_end_together(tmp_path):
     # Each rank's watchdog exits with 128 + SIGTERM after the grace period: a stop, not success.
-    outcome = launch._watch_ranks(_ended_ranks(128 + signal.SIGTERM),
+    outcome = launch._watch_ranks(_ended([128 + signal.SIGTERM] * 2),
                                   launch._LauncherSignals(grace_s=2))
     with pytest.raises(JobStopped) as stopped:
         launch._raise_for(outcome, signal.SIGTERM, str(tmp_path), grace_s=2)
     assert stopped.value.signum == signal.SIGTERM
     assert stopped.value.killed_after_grace == [0, 1]
+
+
+def _ended(exit_codes: list) -> list:
+    """Processes that have all ended, each by ``os._exit(code)``, or killed by ``-code``."""
+    def end(code):
+        if code < 0:
+            os.kill(os.getpid(), -code)
+        os._exit(code)
+    processes = [multiprocessing.get_context("fork").Process(target=end, args=(code,))
+                 for code in exit_codes]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    return processes
+
+
+def test_a_rank_killed_by_a_signal_is_named_before_the_peer_it_took_along(tmp_path):
+    # Rank 1 SIGKILLed (the OOM killer); rank 0 reported the lost connection and exited before
+    # the launcher looked: the cause is rank 1.
+    (tmp_path / "rank0").write_text("1.0\nTraceback ...\nRuntimeError: Connection closed by peer")
+    outcome = launch._watch_ranks(_ended([1, -signal.SIGKILL]),
+                                  launch._LauncherSignals(grace_s=2))
+    assert outcome.first_failed == (0, 1) and outcome.killed_by_signal == [1]
+    with pytest.raises(RankFailed) as failed:
+        launch._raise_for(outcome, 0, str(tmp_path), grace_s=2)
+    assert str(failed.value).startswith("rank 1 was killed by signal SIGKILL")
+    assert "then rank 0 failed: RuntimeError: Connection closed by peer" in str(failed.value)
+
+
+def test_a_stop_is_a_completed_job_only_if_every_function_returned(tmp_path):
+    # Ranks interrupted before their function ran exit 0 too (torch's wrapper swallows the
+    # interrupt): without every rank's "done" the signal stopped the job.
+    outcome = launch._watch_ranks(_ended([0, 0]), launch._LauncherSignals(grace_s=2))
+    (tmp_path / "done0").touch()
+    with pytest.raises(JobStopped):
+        launch._raise_for(outcome, signal.SIGINT, str(tmp_path), grace_s=2)
+    (tmp_path / "done1").touch()
+    launch._raise_for(outcome, signal.SIGINT, str(tmp_path), grace_s=2)  # completed
+
+
+@pytest.mark.slow
+def test_ranks_joining_later_than_the_collective_timeout_still_meet():
+    # The rendezvous waits longer than the collectives' 1 s timeout: rank 1 comes 4 s late.
+    result = torch.zeros(2).share_memory_()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_spawn_ranks.join_late_then_reduce,
+                             args=(rank, init_method, 4.0, 1.0, result)) for rank in range(2)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(120)
+    assert [rank.exitcode for rank in ranks] == [0, 0]
+    assert result.tolist() == [2.0, 2.0]
 
 
 def test_under_torchrun_fn_runs_in_this_process(monkeypatch):

@@ -38,6 +38,7 @@ from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.distributed import stop
 
 DEFAULT_TIMEOUT_S = 300.0
+RENDEZVOUS_TIMEOUT_S = 120.0
 """How long a collective waits for a peer before the process group gives up."""
 
 BACKENDS = ("auto", "nccl", "gloo")
@@ -230,6 +231,15 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
             timeout=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
+    elif init_method.startswith("tcp://"):
+        # The ranks' start-up can be many seconds apart on a loaded machine: the rendezvous
+        # waits at least RENDEZVOUS_TIMEOUT_S for them, whatever the collectives' timeout.
+        host, port = init_method[len("tcp://"):].rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0,
+                              timeout=max(timeout, datetime.timedelta(
+                                  seconds=RENDEZVOUS_TIMEOUT_S)))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
     else:
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timeout)
@@ -321,29 +331,51 @@ def _glibc_function(name: str) -> Callable | None:
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
                 timeout_s: float, report_dir: str, tune_allocator: bool, args: tuple,
                 backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S) -> None:
+    """One rank: ``fn`` in the process group, and a file in ``report_dir`` saying how it ended
+    (``done``, ``stop`` or ``rank``: failed), which the launcher reads. A failure or stop before
+    ``fn`` starts (joining the group) is reported the same way."""
     stop.install_rank_handlers(grace_s)
-    if tune_allocator:
-        tune_cpu_allocator()
-    set_thread_budget(len(devices))
-    with process_group(rank, len(devices), devices[rank], init_method=init_method,
-                       timeout_s=timeout_s, backend=backend) as ctx:
-        try:
-            fn(ctx, *args)
-        except stop.StopSignal as e:
-            # Stopped, not failed: the parent reports the signal (and the trainer's checkpoint)
-            # instead of a traceback, and this rank leaves the group normally.
-            Path(report_dir, f"stop{rank}").write_text(str(e.signum))
-        except BaseException:
-            # The stamp lets the parent name the earliest failure (the cause), not whichever
-            # rank happened to exit first. Then the rank exits at once: a graceful teardown
-            # (leaving the group, finalizing the interpreter) can block until a peer's collective
-            # times out, which is minutes. Exiting closes this rank's connections, so a peer
-            # blocked in a collective fails too, strictly after this report.
-            Path(report_dir, f"rank{rank}").write_text(
-                f"{time.monotonic()!r}\n{traceback.format_exc()}")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+    try:
+        if tune_allocator:
+            tune_cpu_allocator()
+        set_thread_budget(len(devices))
+        with process_group(rank, len(devices), devices[rank], init_method=init_method,
+                           timeout_s=timeout_s, backend=backend) as ctx:
+            try:
+                fn(ctx, *args)
+            except stop.StopSignal as e:
+                # Stopped, not failed: the parent reports the signal (and the trainer's
+                # checkpoint) instead of a traceback, and this rank leaves the group normally.
+                _report_stop(report_dir, rank, e.signum)
+            except BaseException:
+                _report_failure_and_exit(report_dir, rank)
+            else:
+                Path(report_dir, f"done{rank}").touch()
+    except stop.StopSignal as e:  # before fn started, or while leaving the group
+        _report_stop(report_dir, rank, e.signum)
+    except BaseException:
+        _report_failure_and_exit(report_dir, rank)
+
+
+def _report_stop(report_dir: str, rank: int, signum: int) -> None:
+    stop.finishing()
+    Path(report_dir, f"stop{rank}").write_text(str(signum))
+
+
+def _report_failure_and_exit(report_dir: str, rank: int) -> None:
+    """Writes the traceback being handled, stamped, and ends the process at once.
+
+    The stamp lets the parent name the earliest failure (the cause), not whichever rank
+    happened to exit first. A graceful teardown (leaving the group, finalizing the
+    interpreter) can block until a peer's collective times out, which is minutes. Exiting
+    closes this rank's connections, so a peer blocked in a collective fails too, strictly
+    after this report.
+    """
+    stop.finishing()  # a stop signal now must not cut the report short
+    Path(report_dir, f"rank{rank}").write_text(f"{time.monotonic()!r}\n{traceback.format_exc()}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _failure_reports(report_dir: str) -> dict[int, tuple[float, str]]:
@@ -363,6 +395,11 @@ def _stop_reports(report_dir: str) -> dict[int, int]:
         with contextlib.suppress(ValueError):
             reports[int(path.name[len("stop"):])] = int(path.read_text())
     return reports
+
+
+def _done_reports(report_dir: str) -> set[int]:
+    """The ranks whose function returned."""
+    return {int(path.name[len("done"):]) for path in Path(report_dir).glob("done*")}
 
 
 LAUNCHER_GRACE_MARGIN_S = 2.0
@@ -418,6 +455,9 @@ class _Outcome:
         self.first_failed: Optional[tuple[int, int]] = None
         self.killed_after_grace: list[int] = []
         self.exit_codes: list[Optional[int]] = []
+        # Ranks already dead by a signal when the first failure was seen (none the launcher
+        # sent): the kernel's OOM killer, a user's kill -9, a crash.
+        self.killed_by_signal: list[int] = []
 
 
 def _watch_ranks(processes: list, signals: _LauncherSignals) -> _Outcome:
@@ -433,6 +473,8 @@ def _watch_ranks(processes: list, signals: _LauncherSignals) -> _Outcome:
         for index, process in enumerate(processes):
             if process.exitcode not in (None, 0) and outcome.first_failed is None:
                 outcome.first_failed = (index, process.exitcode)
+                outcome.killed_by_signal = [i for i, p in enumerate(processes)
+                                            if p.exitcode is not None and p.exitcode < 0]
                 _kill(processes)
         if not running:
             outcome.exit_codes = [p.exitcode for p in processes]
@@ -501,10 +543,16 @@ def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
     the stop's checkpoint, say) is what the user must see.
     """
     reports = _failure_reports(report_dir)
+    during = f" (while stopping on {stop.signal_name(launcher_signal)})" \
+        if launcher_signal else ""
+    killed = [i for i in outcome.killed_by_signal if i not in reports]
+    if killed:  # the cause: a peer's report is then the lost connection it left behind
+        index = killed[0]
+        then = "".join(f"; then rank {r} failed: {reports[r][1].strip().splitlines()[-1]}"
+                       for r in sorted(reports))
+        raise RankFailed(_killed_message(index, outcome.exit_codes[index]) + during + then)
     if reports:  # it raised: name the earliest of the ranks that did
         rank = min(reports, key=lambda r: reports[r][0])
-        during = f" (while stopping on {stop.signal_name(launcher_signal)})" \
-            if launcher_signal else ""
         raise RankFailed(f"rank {rank} failed{during}:\n{reports[rank][1]}")
     stopped = _stop_reports(report_dir)
     # Ranks whose own watchdog ended them after the grace period (exit code 128 + signal).
@@ -513,7 +561,7 @@ def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
     signum = (launcher_signal or next(iter(stopped.values()), 0)
               or next(iter(overdue.values()), 0))
     if signum:
-        if not (stopped or overdue or outcome.first_failed or outcome.killed_after_grace):
+        if len(_done_reports(report_dir)) == len(outcome.exit_codes):
             # The signal came as the ranks finished: the job did all its work.
             print(f"pyg_mgpu: {stop.signal_name(signum)} arrived as the ranks finished; the "
                   "job completed", file=sys.stderr, flush=True)
@@ -524,10 +572,14 @@ def _raise_for(outcome: _Outcome, launcher_signal: int, report_dir: str,
         return
     index, code = outcome.first_failed
     if code < 0:
-        name = signal.Signals(-code).name
-        hint = " (out of memory is a common cause of SIGKILL)" if name == "SIGKILL" else ""
-        raise RankFailed(f"rank {index} was killed by signal {name}{hint}")
+        raise RankFailed(_killed_message(index, code))
     raise RankFailed(f"rank {index} exited with code {code}")
+
+
+def _killed_message(index: int, code: int) -> str:
+    name = signal.Signals(-code).name
+    hint = " (out of memory is a common cause of SIGKILL)" if name == "SIGKILL" else ""
+    return f"rank {index} was killed by signal {name}{hint}"
 
 
 def share_args(args: Sequence) -> None:

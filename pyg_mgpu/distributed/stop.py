@@ -90,6 +90,12 @@ def _on_signal(signum: int, frame) -> None:
         raise StopSignal(_state.signum)
 
 
+def finishing() -> None:
+    """From here on a stop signal is only recorded: the process is already ending (writing
+    its report), which an interruption would cut short."""
+    _state.raised = True
+
+
 @contextlib.contextmanager
 def graceful() -> Iterator[None]:
     """Within the body a stop signal is only recorded: the body polls :func:`requested` (or a
