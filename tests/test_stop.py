@@ -290,3 +290,20 @@ def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message, to):
     finally:
         kill_group(job.pid)
         job.wait()
+
+
+def test_a_rank_whose_launcher_died_before_it_started_stops():
+    # The launcher passes its pid: a rank that only starts watching after the launcher's death
+    # (its parent is then another process) still stops, as on SIGTERM.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = ("import sys, time\n"
+            "from pyg_mgpu.distributed import stop\n"
+            f"stop.install_rank_handlers(5, launcher_pid={gone.pid})\n"
+            "try:\n"
+            "    time.sleep(60)\n"
+            "except stop.StopSignal as e:\n"
+            "    print('stopped by', e.signum)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert done.stdout.strip() == f"stopped by {int(signal.SIGTERM)}", done.stderr

@@ -330,11 +330,12 @@ def _glibc_function(name: str) -> Callable | None:
 
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
                 timeout_s: float, report_dir: str, tune_allocator: bool, args: tuple,
-                backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S) -> None:
+                backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S,
+                launcher_pid: Optional[int] = None) -> None:
     """One rank: ``fn`` in the process group, and a file in ``report_dir`` saying how it ended
     (``done``, ``stop`` or ``rank``: failed), which the launcher reads. A failure or stop before
     ``fn`` starts (joining the group) is reported the same way."""
-    stop.install_rank_handlers(grace_s)
+    stop.install_rank_handlers(grace_s, launcher_pid)
     try:
         if tune_allocator:
             tune_cpu_allocator()
@@ -520,7 +521,7 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
         with _LauncherSignals(grace_s) as signals:
             context = mp.start_processes(
                 _rank_entry, args=(fn, list(devices), init_method, timeout_s, report_dir,
-                                   tune_allocator, args, backend, grace_s),
+                                   tune_allocator, args, backend, grace_s, os.getpid()),
                 nprocs=len(devices), join=False, start_method="spawn")
             signals.processes = context.processes
             if signals.signum:  # it came while the ranks were starting

@@ -117,8 +117,11 @@ def handled_signals() -> tuple:
                          signal.getsignal(signum) == signal.SIG_IGN))
 
 
-def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S) -> None:
-    """Makes this process a rank that stops on SIGTERM, SIGINT and SIGHUP.
+def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S,
+                          launcher_pid: Optional[int] = None) -> None:
+    """Makes this process a rank that stops on SIGTERM, SIGINT and SIGHUP, and on the death
+    of ``launcher_pid`` (default: its parent when this is called; a launcher that passes its
+    own pid is also watched when it died before).
 
     Idempotent. The handlers replace whatever the process inherited (see
     :func:`handled_signals`). Python sets handlers from the main thread only: called from
@@ -134,7 +137,8 @@ def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S) -> None:
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     for signum in handled_signals():
         _state.previous[signum] = signal.signal(signum, _on_signal)
-    threading.Thread(target=_watchdog, args=(read_fd, os.getppid(), grace_s),
+    launcher_pid = os.getppid() if launcher_pid is None else launcher_pid
+    threading.Thread(target=_watchdog, args=(read_fd, launcher_pid, grace_s),
                      name="pyg_mgpu-stop-watchdog", daemon=True).start()
     os.register_at_fork(after_in_child=_forked_child)
     _state.installed = True

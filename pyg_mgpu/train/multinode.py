@@ -56,9 +56,11 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore |
     try:
         state = torch.load(path, mmap=True, weights_only=True)
     finally:
-        dist.barrier()  # everyone has mapped it: the name can go, the pages stay mapped
-        if ctx.local_rank == 0:
-            path.unlink(missing_ok=True)
+        try:
+            dist.barrier()  # everyone has mapped it: the name can go, the pages stay mapped
+        finally:  # also when a peer failed: the file would hold a graph's worth of memory
+            if ctx.local_rank == 0:
+                path.unlink(missing_ok=True)
     return GraphStore(**state)
 
 
