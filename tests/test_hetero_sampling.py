@@ -275,13 +275,19 @@ def test_induced_keeps_every_edge_among_the_sampled_nodes():
         assert torch.equal(out.node[dst][out.col[et]], ei[1, ids])
 
 
-def test_backward_walks_each_edge_type_from_its_source():
-    data = academic_graph()
+def reversed_graph(data: HeteroData) -> HeteroData:
+    """``data`` with every edge turned around, under the type (dst, rel, src)."""
     reverse = HeteroData()
     for t in data.node_types:
         reverse[t].x = data[t].x
     for src, rel, dst in data.edge_types:
         reverse[dst, rel, src].edge_index = data[src, rel, dst].edge_index.flip(0)
+    return reverse
+
+
+def test_backward_walks_each_edge_type_from_its_source():
+    data = academic_graph()
+    reverse = reversed_graph(data)
     backward = pyg_mgpu.NeighborSampler(data, [-1, -1], sample_direction="backward", seed=0)
     forward = pyg_mgpu.NeighborSampler(reverse, [-1, -1], seed=0)
     got, expected = sample(backward, [3, 11]), sample(forward, [3, 11])
@@ -305,11 +311,7 @@ def test_backward_fanouts_per_edge_type_name_the_graphs_edge_types(remote):
     # {edge type: fanouts} keyed by the caller's edge types, as PyG's setter maps them: the
     # same batch as the forward walk over the reversed graph with the reversed keys.
     data = academic_graph()
-    reverse = HeteroData()
-    for t in data.node_types:
-        reverse[t].x = data[t].x
-    for src, rel, dst in data.edge_types:
-        reverse[dst, rel, src].edge_index = data[src, rel, dst].edge_index.flip(0)
+    reverse = reversed_graph(data)
     fanouts = {("paper", "cites", "paper"): [-1, -1], ("author", "writes", "paper"): [0, 0],
                ("paper", "rev_writes", "author"): [-1, 0]}
     from test_remote_sampling import remote_hetero
