@@ -26,26 +26,21 @@ from torch_geometric.sampler.base import DataType, SubgraphType
 from pyg_mgpu.data.csc import edge_type_csc
 from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.draws import hop_edges
-from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _csc_weights,
-                                                _number_new_nodes, _unseen, induced_edges)
+from pyg_mgpu.sampling.neighbor_sampler import (NeighborSampler, _cat, _csc_weights,
+                                                _number_new_nodes, _unseen, check_options,
+                                                induced_edges)
 from pyg_mgpu.sampling.tree_ids import TreeIds
 
 
 def check_hetero_options(*, disjoint: bool, subgraph_type, time_attr: Optional[str],
-                         weight_attr: Optional[str], sample_direction: str) -> None:
+                         weight_attr: Optional[str], sample_direction: str,
+                         temporal_strategy: str) -> None:
     """PyG's refusals, in PyG's words where it has them."""
-    if sample_direction not in ("forward", "backward"):
-        raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
-                         f"{sample_direction!r}.")
-    if time_attr is not None and sample_direction == "backward":
-        raise NotImplementedError("Temporal Sampling not yet supported for backward sampling")
+    check_options(time_attr, weight_attr, sample_direction, temporal_strategy)
     if SubgraphType(subgraph_type) == SubgraphType.induced and (disjoint or time_attr):
         raise ValueError("'disjoint' sampling (temporal sampling is disjoint) is not supported "
                          "with subgraph_type='induced' (neither is it in PyG); use "
                          "'directional' or 'bidirectional'.")
-    if time_attr is not None and weight_attr is not None:
-        raise ValueError("weighted temporal sampling is not supported (weight_attr with "
-                         "time_attr); pass one of them.")
 
 
 def _reverse(edge_type: tuple) -> tuple:
@@ -174,13 +169,9 @@ class HeteroDraws:
         self.perm = {et: (self.by_time[walked].perm if walked in self.by_time
                           else self.csc[walked].perm) for walked, et in self.original.items()}
         if share_memory:
-            for c in self.csc.values():
+            for c in [*self.csc.values(), *self.by_time.values()]:
                 if not c.row.is_cuda:
                     c.share_memory_()
-            for t in self.by_time.values():
-                if not t.row.is_cuda:
-                    for tensor in (t.row, t.perm, t.end_time):
-                        tensor.share_memory_()
         self._lookups: dict[str, Tensor] = {}
 
     @property
@@ -237,8 +228,7 @@ class HeteroDraws:
         num_sampled_edges = {et: [] for et in self.edge_types}
 
         def cat(parts: list) -> Tensor:
-            return (torch.cat(parts) if parts else
-                    torch.empty(0, dtype=torch.long, device=self.device))
+            return _cat(parts, self.device)
 
         try:
             for t in self.node_types:
@@ -343,10 +333,8 @@ class HeteroNeighborSampler(NeighborSampler):
             subgraph_type = SubgraphType.induced
         check_hetero_options(disjoint=disjoint, subgraph_type=subgraph_type,
                              time_attr=time_attr, weight_attr=weight_attr,
-                             sample_direction=sample_direction)
-        if time_attr is not None and temporal_strategy not in temporal.STRATEGIES:
-            raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
-                             f"{temporal_strategy!r}.")
+                             sample_direction=sample_direction,
+                             temporal_strategy=temporal_strategy)
         self.data_type = DataType.remote if remote.is_remote(data) else DataType.heterogeneous
         self.sample_direction = sample_direction
         self.draws = HeteroDraws(data, is_sorted=is_sorted, share_memory=share_memory,

@@ -114,7 +114,9 @@ class NeighborSampler(PyGNeighborSampler):
         # PyG's __init__ is not called: it converts edge_index to a CSC copy of its own (per
         # sampler, per rank) and refuses weights without pyg-lib. The attributes PyG's loaders
         # read are set here instead.
-        _check_supported(data, time_attr, sample_direction)
+        if not isinstance(data, Data) and not remote.is_remote(data):
+            raise ValueError(_INPUT_ERROR)  # a HeteroData gets HeteroNeighborSampler (__new__)
+        check_options(time_attr, weight_attr, sample_direction, temporal_strategy)
         # "backward" samples out-neighbours: the same walk over the transposed graph, with
         # each sampled edge turned back at the end.
         self.sample_direction = sample_direction
@@ -138,13 +140,6 @@ class NeighborSampler(PyGNeighborSampler):
                 self.node_time, self.edge_time = temporal.time_of(data, time_attr)
             self.csc = csc_of(data, is_sorted=is_sorted,
                               transpose=sample_direction == "backward")
-        if time_attr is not None:
-            if weight_attr is not None:
-                raise ValueError("weighted temporal sampling is not supported (weight_attr with "
-                                 "time_attr); pass one of them.")
-            if temporal_strategy not in temporal.STRATEGIES:
-                raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
-                                 f"{temporal_strategy!r}.")
         if share_memory and not self.csc.row.is_cuda:
             self.csc.share_memory_()
         self.colptr, self.row, self.perm = self.csc.colptr, self.csc.row, self.csc.perm
@@ -153,8 +148,7 @@ class NeighborSampler(PyGNeighborSampler):
             # This sampler's own copy of the sources and edge ids, sorted by time in each run.
             self._by_time = temporal.sort_by_time(self.csc, self.node_time, self.edge_time)
             if share_memory and not self._by_time.row.is_cuda:
-                for t in (self._by_time.row, self._by_time.perm, self._by_time.end_time):
-                    t.share_memory_()
+                self._by_time.share_memory_()
             self.row, self.perm = self._by_time.row, self._by_time.perm
         # Outputs are int32 for an int32 edge_index, as PyG's are.
         self.index_dtype = (torch.int32 if self.data_type == DataType.homogeneous
@@ -367,15 +361,23 @@ _INPUT_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a
                 "or a (FeatureStore, GraphStore) pair; got something else.")
 
 
-def _check_supported(data, time_attr: Optional[str], sample_direction: str) -> None:
-    # A HeteroData (or a heterogeneous remote graph) gets HeteroNeighborSampler (__new__).
-    if not isinstance(data, Data) and not remote.is_remote(data):
-        raise ValueError(_INPUT_ERROR)
+def check_options(time_attr: Optional[str], weight_attr: Optional[str], sample_direction: str,
+                  temporal_strategy: str) -> None:
+    """The refusals of the homogeneous and heterogeneous samplers alike, in PyG's words where
+    it has them."""
     if sample_direction not in ("forward", "backward"):
         raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
                          f"{sample_direction!r}.")
-    if time_attr is not None and sample_direction == "backward":
+    if time_attr is None:
+        return
+    if sample_direction == "backward":
         raise NotImplementedError("Temporal Sampling not yet supported for backward sampling")
+    if weight_attr is not None:
+        raise ValueError("weighted temporal sampling is not supported (weight_attr with "
+                         "time_attr); pass one of them.")
+    if temporal_strategy not in temporal.STRATEGIES:
+        raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
+                         f"{temporal_strategy!r}.")
 
 
 def _csc_weights(data: Data, weight_attr: Optional[str], csc: CSC,

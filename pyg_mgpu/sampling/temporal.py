@@ -38,6 +38,11 @@ class TemporalCSC:
     end_time: Tensor
     search_steps: int
 
+    def share_memory_(self) -> "TemporalCSC":
+        for t in (self.row, self.perm, self.end_time):
+            t.share_memory_()
+        return self
+
 
 def time_of(data: Data, time_attr: str) -> tuple[Optional[Tensor], Optional[Tensor]]:
     """``(node_time, edge_time)``: ``data[time_attr]`` as a node or an edge attribute."""
