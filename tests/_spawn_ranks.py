@@ -77,7 +77,9 @@ def seeds_from_cached_stores(ctx, graph, result):
     loader.set_epoch(1)
     seeds = torch.cat([batch.n_id[:batch.batch_size] for batch in loader])
     result[ctx.rank, :seeds.numel()] = seeds
-    result[ctx.rank, -1] = int("x" in graph.feature_store.graph.mapped)
+    from pyg_mgpu.data.graph import MappedTensor
+    converted = graph.feature_store.graph
+    result[ctx.rank, -1] = int("x" in converted.mapped and isinstance(converted.x, MappedTensor))
 
 
 def join_late_then_reduce(rank, init_method, delay_s, timeout_s, result):

@@ -230,6 +230,18 @@ def test_mapped_graph_reaches_another_process_as_its_files(tmp_path):
     assert float(x_sum) == float(g.x.sum()) and int(row_sum) == int(g.row.long().sum())
 
 
+def test_a_saved_mapped_tensor_loads_as_a_plain_tensor(tmp_path):
+    # torch.save writes a mapped tensor's data, which torch.load(weights_only=True) reads back
+    # (it takes no tensor subclass); multiprocessing sends it as its file instead.
+    from multiprocessing.reduction import ForkingPickler
+    path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=6))
+    g = load_npz_cached(path, tmp_path / "cache", [], "mmap")
+    torch.save({"x": g.x}, tmp_path / "x.pt")
+    x = torch.load(tmp_path / "x.pt", weights_only=True)["x"]
+    assert type(x) is torch.Tensor and torch.equal(x, g.x)
+    assert len(ForkingPickler.dumps(g.x)) < 10_000, "multiprocessing pickled the bytes"
+
+
 def test_mapped_features_train_like_shared_memory(tmp_path):
     tiny = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
             "--num-classes", "4", "--hidden", "16", "--batch-size", "256", "--devices", "cpu",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
@@ -93,13 +93,17 @@ class MappedTensor(Tensor):
     mapped_file: MappedFile
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def __reduce_ex__(self, protocol):
+        # pickle and torch.save write the data, as a plain tensor: torch.load(weights_only=True)
+        # takes no tensor subclass. (Multiprocessing's pickler uses the reducer below.)
+        return self.as_subclass(Tensor).__reduce_ex__(protocol)
+
 
 def _reduce_mapped_tensor(tensor: MappedTensor):
     return MappedFile.open, (tensor.mapped_file,)
 
 
-# Multiprocessing's pickler only (DataLoader workers, spawned ranks); pickle and torch.save
-# still write the tensor's data.
+# Multiprocessing's pickler only (DataLoader workers, spawned ranks).
 ForkingPickler.register(MappedTensor, _reduce_mapped_tensor)
 
 
