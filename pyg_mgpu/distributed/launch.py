@@ -38,8 +38,10 @@ from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.distributed import stop
 
 DEFAULT_TIMEOUT_S = 300.0
-RENDEZVOUS_TIMEOUT_S = 120.0
 """How long a collective waits for a peer before the process group gives up."""
+
+RENDEZVOUS_TIMEOUT_S = 120.0
+"""The least time ``spawn``'s ranks wait for each other to join the group."""
 
 BACKENDS = ("auto", "nccl", "gloo")
 """``auto``: NCCL on GPU ranks, gloo on CPU ranks. ``gloo`` on GPU ranks lets several ranks
@@ -336,23 +338,26 @@ def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_m
     (``done``, ``stop`` or ``rank``: failed), which the launcher reads. A failure or stop before
     ``fn`` starts (joining the group) is reported the same way."""
     stop.install_rank_handlers(grace_s, launcher_pid)
-    try:
+    with _reported(report_dir, rank):  # before fn started, or while leaving the group
         if tune_allocator:
             tune_cpu_allocator()
         set_thread_budget(len(devices))
         with process_group(rank, len(devices), devices[rank], init_method=init_method,
                            timeout_s=timeout_s, backend=backend) as ctx:
-            try:
+            # Inside the group: a stopped rank leaves it normally after its report, a failed
+            # one exits at once.
+            with _reported(report_dir, rank):
                 fn(ctx, *args)
-            except stop.StopSignal as e:
-                # Stopped, not failed: the parent reports the signal (and the trainer's
-                # checkpoint) instead of a traceback, and this rank leaves the group normally.
-                _report_stop(report_dir, rank, e.signum)
-            except BaseException:
-                _report_failure_and_exit(report_dir, rank)
-            else:
                 Path(report_dir, f"done{rank}").touch()
-    except stop.StopSignal as e:  # before fn started, or while leaving the group
+
+
+@contextlib.contextmanager
+def _reported(report_dir: str, rank: int) -> Iterator[None]:
+    """Reports a stop (stopped, not failed: the parent reports the signal and the trainer's
+    checkpoint instead of a traceback) or a failure of the body, for the launcher."""
+    try:
+        yield
+    except stop.StopSignal as e:
         _report_stop(report_dir, rank, e.signum)
     except BaseException:
         _report_failure_and_exit(report_dir, rank)
