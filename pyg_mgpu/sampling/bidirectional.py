@@ -63,7 +63,7 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
         Node 0 has one in-edge (from 1) and one out-edge (to 2); both are sampled, named by
         their column in ``edge_index``:
 
-        >>> from torch_geometric.data import Data, HeteroData
+        >>> from torch_geometric.data import Data
         >>> from torch_geometric.sampler import NodeSamplerInput
         >>> data = Data(num_nodes=4, edge_index=torch.tensor([[0, 1, 3], [2, 0, 1]]))
         >>> sampler = pyg_mgpu.BidirectionalNeighborSampler(data, num_neighbors=[-1])
