@@ -160,7 +160,7 @@ def test_induced_order_on_graphs_with_isolated_nodes(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_runs_match_ranges_and_repeats_built_by_loops(dtype):
-    from pyg_mgpu.sampling.neighbor_sampler import _runs
+    from pyg_mgpu.sampling.induced import _runs
     generator = torch.Generator().manual_seed(0)
     for n in (0, 1, 5, 40):
         length = torch.randint(0, 4, (n,), generator=generator)

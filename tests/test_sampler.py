@@ -9,7 +9,8 @@ from torch_geometric.loader import NodeLoader
 
 from pyg_mgpu.data.graph import GraphStore
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.sampling import neighbor_sampler
+from pyg_mgpu.sampling import numbering
+from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
 from pyg_mgpu.sampling.loader import graph_as_data, make_loader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
@@ -73,7 +74,13 @@ def test_outputs_are_true_neighbours_in_pyg_order(graph, fanouts):
 def test_lookup_is_left_clean_between_batches(graph):
     sampler = native(graph, [5, 5], seed=0)
     sampler.sample(torch.arange(100))
-    assert (sampler._lookup == torch.iinfo(sampler._lookup.dtype).max).all()
+    assert_lookups_clean(sampler)
+
+
+def assert_lookups_clean(sampler):
+    assert sampler.graph.lookups, "the joint walk keeps a lookup array per node type"
+    for lookup in sampler.graph.lookups.values():
+        assert (lookup == torch.iinfo(lookup.dtype).max).all()
 
 
 def test_uniform_without_replacement():
@@ -133,8 +140,9 @@ def test_int32_and_int64_rows_sample_the_same(graph):
     a = native(graph, [10, 5], seed=7)
     b = native(GraphStore(**{**graph.__dict__, "row": graph.row.long()}), [10, 5], seed=7)
     # Likewise the lookup (int32 below 2^30 nodes) and Floyd's offsets (int32 below 2^31 edges).
-    assert a._lookup_type == a._offset_type == torch.int32
-    b._lookup_type = b._offset_type = torch.int64
+    assert a.graph.lookup_type == {NODE: torch.int32}
+    assert a.graph.offset_type == {EDGE: torch.int32}
+    b.graph.lookup_type, b.graph.offset_type = {NODE: torch.int64}, {EDGE: torch.int64}
     a, b = a.sample(seeds), b.sample(seeds)
     for name in ("node", "row", "col", "edge"):
         assert getattr(a, name).dtype == torch.long
@@ -146,7 +154,7 @@ def test_pickles_for_workers_without_scratch(graph):
     sampler = native(graph, [5], seed=0)
     sampler.sample(torch.arange(10))
     clone = pickle.loads(pickle.dumps(sampler))
-    assert clone._lookup is None
+    assert sampler.graph.lookups and clone.graph.lookups == {}
     assert torch.equal(clone.sample(torch.arange(10)).node, sampler.sample(torch.arange(10)).node)
 
 
@@ -214,11 +222,11 @@ def test_lookup_is_left_clean_after_an_error_mid_hop(graph, monkeypatch):
             lookup.scatter_reduce_(0, nbr, torch.zeros_like(nbr, dtype=lookup.dtype), reduce="amin")
             raise RuntimeError("injected")
         return original(nbr, lookup, num_ids)
-    original = neighbor_sampler._first_occurrences
-    monkeypatch.setattr(neighbor_sampler, "_first_occurrences", fail_on_second_hop)
+    original = numbering.first_occurrences
+    monkeypatch.setattr(numbering, "first_occurrences", fail_on_second_hop)
     with pytest.raises(RuntimeError, match="injected"):
         sampler.sample(torch.arange(100))
-    assert (sampler._lookup == torch.iinfo(sampler._lookup.dtype).max).all()
+    assert_lookups_clean(sampler)
     monkeypatch.undo()
     seeds = torch.arange(100, 150)
     check_output(graph, sampler.sample(seeds), seeds, [5, 5])

@@ -1,0 +1,119 @@
+"""Local ids of a batch's nodes, per node type, as the walk reaches them.
+
+A batch numbers each node type's nodes ``0, 1, ...``: the seeds first, then each hop's new
+nodes in order of first appearance. Two numberings share one interface
+(``seeds``, ``number``, ``count``, ``close``):
+
+- :class:`JointIds`: each node once per batch. A lookup array per node type maps a global id
+  to its local id; it is scratch kept by the graph between batches and left clean (every entry
+  :func:`unseen`) by :meth:`JointIds.close`, also after an error.
+- :class:`DisjointIds`: one tree per seed position (``disjoint=True`` and every temporal
+  batch), a node being a (tree, node) pair, numbered by :class:`~.tree_ids.TreeIds`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from pyg_mgpu.sampling.tree_ids import TreeIds
+
+
+def unseen(lookup_type: torch.dtype) -> int:
+    """The lookup entry of a node not in the batch (yet): above every id and offer."""
+    return torch.iinfo(lookup_type).max
+
+
+def lookup_type(num_nodes: int) -> torch.dtype:
+    """int32 where the lookup's entries (up to the node count plus one hop's offers) fit: half
+    the footprint of its random reads and writes."""
+    return torch.int32 if num_nodes < 2**30 else torch.int64
+
+
+def first_occurrences(nbr: Tensor, lookup: Tensor, num_ids: int) -> Tensor:
+    """Distinct nodes of ``nbr`` not yet in ``lookup``, in order of first appearance.
+
+    Every position offers ``base + position`` to its node's lookup entry and the smallest
+    wins, where ``base`` is above every local id given so far (``num_ids`` of them; more than
+    the graph's nodes when seeds repeat). Known nodes hold a local id and keep it; unseen ones
+    hold :func:`unseen` (above everything) and end up with their first position, which reads
+    back equal only there. No sort, one pass, and the same order on every run and thread count
+    (a plain indexed write lets an arbitrary duplicate win when it runs in parallel).
+    """
+    base = max(lookup.numel(), num_ids)
+    if base + nbr.numel() >= unseen(lookup.dtype):
+        raise RuntimeError(f"{nbr.numel():,} sampled neighbours in one hop of a "
+                           f"{lookup.numel():,}-node graph overflow the lookup's "
+                           f"{lookup.dtype}; sample smaller batches.")
+    offer = torch.arange(base, base + nbr.numel(), dtype=lookup.dtype, device=nbr.device)
+    lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
+    return nbr.masked_select(lookup.index_select(0, nbr) == offer)
+
+
+class JointIds:
+    """Each node of a type once per batch, its local id held in that type's lookup array."""
+
+    def __init__(self, lookup: Callable[[str], Tensor]):
+        self.lookup = lookup  # node type -> its scratch array, every entry unseen
+        self.count: dict = {}
+        self._entered: list[tuple[object, Tensor]] = []  # (type, nodes given a local id)
+        self._touched: Optional[tuple[object, Tensor]] = None  # mid-update: offers left here
+
+    def seeds(self, t, seed: Tensor) -> None:
+        lookup = self.lookup(t)
+        self._entered.append((t, seed))
+        # A repeated seed keeps its first position (as pyg-lib); a plain indexed write would
+        # keep an arbitrary one.
+        lookup.scatter_reduce_(0, seed, torch.arange(seed.numel(), dtype=lookup.dtype,
+                                                     device=seed.device), reduce="amin")
+        self.count[t] = seed.numel()
+
+    def number(self, t, nbr: Tensor, nbr_tree: None) -> tuple[Tensor, Tensor, None]:
+        """(local ids of ``nbr``, the new nodes in order of first appearance, no trees)."""
+        lookup = self.lookup(t)
+        self._touched = (t, nbr)
+        first_id = self.count[t]
+        new = first_occurrences(nbr, lookup, first_id)
+        lookup.index_copy_(0, new, torch.arange(first_id, first_id + new.numel(),
+                                                dtype=lookup.dtype, device=lookup.device))
+        self._entered.append((t, new))
+        self._touched = None  # every entry of nbr is now a local id, entered above
+        self.count[t] += new.numel()
+        return lookup.index_select(0, nbr), new, None
+
+    def close(self) -> None:
+        """Every entry this batch wrote back to :func:`unseen`, for the next batch."""
+        if self._touched is not None:
+            self._entered.append(self._touched)
+            self._touched = None
+        for t, entered in self._entered:
+            lookup = self.lookup(t)
+            lookup.index_fill_(0, entered, unseen(lookup.dtype))
+        self._entered.clear()
+
+
+class DisjointIds:
+    """Local ids in a disjoint batch: :class:`TreeIds` per node type, tree ``i`` grown from the
+    ``i``-th seed of each seed type."""
+
+    def __init__(self, num_nodes: dict, num_trees: int):
+        self.num_nodes, self.num_trees = num_nodes, num_trees
+        self._ids: dict = {}
+
+    @property
+    def count(self) -> dict:
+        return {t: ids.count for t, ids in self._ids.items()}
+
+    def seeds(self, t, seed: Tensor) -> Tensor:
+        self._ids[t] = TreeIds(seed, self.num_nodes[t], self.num_trees)
+        return self._ids[t].seed_trees
+
+    def number(self, t, nbr: Tensor,
+               nbr_tree: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """(local ids of the pairs ``(nbr_tree, nbr)``, the new nodes in order of first
+        appearance, their trees)."""
+        return self._ids[t].number(nbr, nbr_tree)
+
+    def close(self) -> None:
+        pass
