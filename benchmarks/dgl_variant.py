@@ -8,7 +8,7 @@ use_ddp=True)`` with a ``NeighborSampler``, and rank 0 validates after every epo
 
 It runs in its own environment (``benchmarks/dgl_env.sh``: DGL 2.1 only loads with torch 2.0-2.2),
 so it imports nothing from pyg_mgpu. It reads the neutral ``.npz`` export
-(``GraphStore.save_npz``) and writes ``OUT/metrics.json`` in the schema of
+(``ConvertedGraph.save_npz``) and writes ``OUT/metrics.json`` in the schema of
 ``python -m pyg_mgpu.distributed_sampling``, so ``python -m pyg_mgpu.compare_dgl`` reads both alike.
 
 Usage::
@@ -67,7 +67,7 @@ class Config:
     def __post_init__(self) -> None:
         if not Path(self.npz).is_file():
             raise ValueError(f"--npz {self.npz}: no such file; export one with "
-                             "GraphStore.save_npz(path) (python -m pyg_mgpu.compare_dgl does).")
+                             "ConvertedGraph.save_npz(path) (python -m pyg_mgpu.compare_dgl does).")
         if self.nprocs < 1:
             raise ValueError(f"--nprocs must be >= 1, got {self.nprocs}.")
         if self.epochs < 1:
@@ -121,7 +121,7 @@ def load_npz(path: str) -> Dataset:
     missing = {"edge_index", "x", "y", "train_idx", "val_idx", "test_idx"} - set(arrays)
     if missing:
         raise ValueError(f"missing arrays {sorted(missing)}; export the dataset with "
-                         "GraphStore.save_npz.")
+                         "ConvertedGraph.save_npz.")
     x = torch.from_numpy(arrays["x"]).float()
     y = torch.from_numpy(arrays["y"]).long()
     src, dst = torch.from_numpy(arrays["edge_index"]).long()
@@ -417,7 +417,7 @@ def free_port() -> int:
 def parse_args(argv: Optional[list[str]] = None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--npz", required=True, help="dataset exported by GraphStore.save_npz")
+    p.add_argument("--npz", required=True, help="dataset exported by ConvertedGraph.save_npz")
     p.add_argument("--nprocs", type=int, default=2, help="ranks (one per GPU, or CPU ranks)")
     p.add_argument("--devices", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto: one GPU per rank when there are enough, else CPU with gloo")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 15's GPU suite: everything to measure on a lent GPU, in commands that each fit in one
-# 10-minute device call.
+# The GPU suite: every CUDA test and GPU measurement, in four parts that each run on their own;
+# every step runs under its own timeout (the second argument of `step` below, in seconds).
 #
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT tests     # versions, pytest -m gpu
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes,
@@ -22,8 +22,8 @@
 # SUITE_STEPS="name ..." runs only those steps of the part (e.g. the ones a cut-off call did not
 # reach; `resume` needs `graph_gpu` in the same OUT). Overrides: SUITE_DEVICES (default
 # cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default 200000/4000000), SUITE_EPOCHS
-# (default 3), SUITE_GLOO_DEVICES (default cuda:0,0), PYTHON (default python3: on the lent GPU
-# machines the interpreter that holds torch).
+# (default 3), SUITE_GLOO_DEVICES (default cuda:0,0), PYTHON (default python3: the interpreter
+# that holds torch).
 set -u
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [tests|sampler|variants|full|quick|all]}
 PART=${2:-all}
@@ -196,7 +196,6 @@ if want full; then
     --systems pyg_mgpu,pyg_mgpu_bf16,pyg_model_native_sampler,pyg_recipe --out "$OUT/products"
   if [ "$DRY" != 1 ]; then kill "$SMI" 2>/dev/null; wait "$SMI" 2>/dev/null; summarize; fi
 fi
-# Every log, metrics.json, bench.json and GPU usage sample in one file (a device call brings
-# back at most 8 files from its output folder).
+# Every log, metrics.json, bench.json and GPU usage sample in one file, to copy off the machine.
 [ "$DRY" = 1 ] || { (cd "$OUT" && tar czf results.tar.gz --exclude='*.pt' --exclude='*.png' \
   --exclude=results.tar.gz -- *) 2>/dev/null; echo; cat "$OUT/summary.md"; }

@@ -32,9 +32,6 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
-html_theme = "alabaster"
-html_title = "pyg_mgpu"
-html_theme_options = {
-    "description": "Multi-GPU neighbour-sampling training for PyTorch Geometric",
-    "fixed_sidebar": True,
-}
+# furo: a content column that widens with the window, so long commands are not clipped.
+html_theme = "furo"
+html_title = "pyg_mgpu: multi-GPU neighbour-sampling training for PyTorch Geometric"

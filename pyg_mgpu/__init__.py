@@ -17,7 +17,8 @@ so they need neither pyg-lib nor torch-sparse. See docs/api.md.
 """
 from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.data.datasets import load_dataset
-from pyg_mgpu.distributed.launch import JobStopped, RankContext, RankFailed, spawn
+from pyg_mgpu.distributed.context import JobStopped, RankContext, RankFailed
+from pyg_mgpu.distributed.launch import spawn
 from pyg_mgpu.sampling.bidirectional import BidirectionalNeighborSampler
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler

@@ -16,7 +16,11 @@ from typing import Optional, Sequence
 
 from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON,
                                    INFERENCE_MODES, MODEL_RECIPES, MODELS, NORMS, RECIPES,
-                                   SAMPLERS, ConfigError, TrainConfig)
+                                   SAMPLERS, ConfigError, TrainConfig, in_flags)
+
+
+_DESCRIPTION = ("Train a GNN (GraphSAGE, or PyG's GCN, GAT, GIN; R-GCN on heterogeneous graphs: "
+                "--model) with neighbour sampling on every GPU (or N CPU ranks).")
 
 
 def parse_fanout(text: str) -> tuple[int, ...]:
@@ -36,21 +40,33 @@ def parse_fractions(text: str) -> tuple[float, ...]:
             f"{text!r}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI's parser, its flags grouped by topic (the docs' CLI reference is built from it)."""
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: ...)`` to a flag's help, unless its help names the default itself or
+    the default is None (unset)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or "default" in (action.help or "").lower():
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
+                 description: str = _DESCRIPTION,
+                 out_help: str = "output folder (default: runs/<timestamp>)",
+                 ) -> argparse.ArgumentParser:
+    """The CLI's parser, its flags grouped by topic (the docs' CLI reference is built from it).
+    Other commands that take the same flags (``python -m pyg_mgpu.compare_dgl``) name
+    themselves and their output folder."""
     d = TrainConfig()
-    p = argparse.ArgumentParser(
-        prog="python -m pyg_mgpu.distributed_sampling",
-        description="Train a GNN (GraphSAGE, or PyG's GCN, GAT, GIN; R-GCN on heterogeneous "
-                    "graphs: --model) with neighbour sampling on every GPU (or N CPU ranks).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_HelpFormatter)
 
     data = p.add_argument_group("data")
     data.add_argument("--dataset", default=d.dataset,
                       help="synthetic, cora, citeseer, pubmed, reddit, ogbn-arxiv, ogbn-products, "
                            "ogbn-papers100M, or a path to a .npz graph; heterogeneous: "
                            "synthetic-hetero, ogbn-mag (the papers are classified)")
-    data.add_argument("--root", default=d.root, help="folder the dataset lives in")
+    data.add_argument("--root", default=d.root, help="folder the dataset lives in (default: ./data; ./data/reddit for "
+                           "reddit)")
     data.add_argument("--cache-dir", default=d.cache_dir,
                       help="where converted graphs are kept, so later runs read them instead of "
                            "converting again (default: $PYG_MGPU_CACHE/graphs, else "
@@ -64,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "/dev/shm cannot hold the graph")
 
     synthetic = p.add_argument_group("synthetic dataset (--dataset synthetic)")
-    for flag in ("num_nodes", "num_edges", "num_features", "num_classes"):
-        synthetic.add_argument("--" + flag.replace("_", "-"), type=int, default=getattr(d, flag))
+    for flag, what in (("num_nodes", "nodes"), ("num_edges", "directed edges"),
+                       ("num_features", "features per node"), ("num_classes", "classes")):
+        synthetic.add_argument("--" + flag.replace("_", "-"), type=int, default=getattr(d, flag),
+                               help=f"{what} of the synthetic graph")
     synthetic.add_argument("--split-fractions", type=parse_fractions, default=d.split_fractions,
                            help="shares of the nodes in the train,val,test splits (the training "
                                 "share sets an epoch's length)")
@@ -88,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--model gat: attention heads per layer; hidden layers concatenate "
                             "them (--hidden / --heads channels each), the output layer averages "
                             "them (the example's has one head)")
-    model.add_argument("--dropout", type=float, default=argparse.SUPPRESS)
-    model.add_argument("--lr", type=float, default=argparse.SUPPRESS)
+    model.add_argument("--dropout", type=float, default=argparse.SUPPRESS,
+                       help="dropout probability after each hidden layer")
+    model.add_argument("--lr", type=float, default=argparse.SUPPRESS,
+                       help="Adam's learning rate")
     model.add_argument("--weight-decay", type=float, default=argparse.SUPPRESS,
                        help="Adam's L2 penalty")
     model.add_argument("--norm", choices=NORMS, default=argparse.SUPPRESS,
@@ -101,17 +121,26 @@ def build_parser() -> argparse.ArgumentParser:
                             "baseline")
 
     training = p.add_argument_group("training")
-    training.add_argument("--epochs", type=int, default=d.epochs)
-    training.add_argument("--batch-size", type=int, default=d.batch_size)
+    training.add_argument("--epochs", type=int, default=d.epochs,
+                          help="passes over the training nodes")
+    training.add_argument("--batch-size", type=int, default=d.batch_size,
+                          help="seed nodes per batch on each rank")
     training.add_argument("--fanout", type=parse_fanout, default=d.fanout,
                           help="neighbours per layer, e.g. 25,10 (-1 = all); sets the layer "
                                "count")
-    training.add_argument("--sampler", choices=SAMPLERS, default=d.sampler)
-    training.add_argument("--seed", type=int, default=d.seed)
+    training.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
+                          help="native = pyg_mgpu's vectorized sampler; pyg = PyG's (needs "
+                               "pyg-lib or torch-sparse); auto = native")
+    training.add_argument("--seed", type=int, default=d.seed,
+                          help="seeds the synthetic graph, the model, the epochs' shuffles "
+                               "and the sampling")
 
     evaluation = p.add_argument_group("evaluation")
-    evaluation.add_argument("--eval-on", choices=EVAL_MODES, default=d.eval_on)
-    evaluation.add_argument("--eval-every", type=int, default=d.eval_every)
+    evaluation.add_argument("--eval-on", choices=EVAL_MODES, default=d.eval_on,
+                            help="rank0 = rank 0 validates while the others wait; all = every "
+                                 "rank validates its shard and the counts are summed")
+    evaluation.add_argument("--eval-every", type=int, default=d.eval_every,
+                            help="validate every N epochs (and after the last)")
     evaluation.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
                             help="defaults to --batch-size")
     evaluation.add_argument("--inference", choices=INFERENCE_MODES, default=d.inference,
@@ -138,8 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "with AVX512-BF16/AMX, or GPU)")
     performance.add_argument("--compile", action="store_true", default=d.compile,
                              help="torch.compile the model (dynamic shapes; inductor fuses ReLU "
-                                  "and dropout itself). Meant for GPUs; on CPU it measured "
-                                  "slower than the default fused kernels")
+                                  "and dropout itself); meant for GPUs")
     performance.add_argument("--graph-on", choices=["auto", "cpu", "gpu"], default=d.graph_on,
                              help="where GPU ranks keep graph and features: auto = on the GPU "
                                   "if it fits in half its free memory, else shared host memory")
@@ -154,15 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                              help="batches a background thread prepares ahead of training "
                                   "(sampling, gathering, the copy to the GPU on a side stream); "
                                   "0 turns it off. Default: 1 on GPU ranks with the native "
-                                  "sampler, else 0 (on CPU ranks it only took turns with "
-                                  "training on the same cores; PyG's sampler has no generator "
-                                  "of its own, so runs would not repeat)")
+                                  "sampler, else 0")
     performance.add_argument("--profile", action="store_true",
                              help="print per-stage times per epoch")
 
     outputs = p.add_argument_group("outputs")
-    outputs.add_argument("--out", default=d.out,
-                         help="output folder (default: runs/<timestamp>)")
+    outputs.add_argument("--out", default=d.out, help=out_help)
     outputs.add_argument("--debug", action="store_true", help="show full tracebacks")
 
     faults = p.add_argument_group("faults, stops and resume")
@@ -200,10 +225,11 @@ def make_out_dir(out: Optional[str]) -> Path:
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
     from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable
-    from pyg_mgpu.data.datasets import load_configured
-    from pyg_mgpu.distributed.launch import (launch_local, launched_by_torchrun, release_free_heap,
-                              resolve_devices, usable_cores)
-    from pyg_mgpu.sampling.loader import resolve_sampler
+    from pyg_mgpu.train.dataset import load_configured
+    from pyg_mgpu.distributed.devices import launched_by_torchrun, resolve_devices
+    from pyg_mgpu.distributed.host import release_free_heap, usable_cores
+    from pyg_mgpu.distributed.launch import launch_local
+    from pyg_mgpu.train.loaders import resolve_sampler
     from pyg_mgpu.sampling.sharding import check_shardable
 
     resolve_sampler(cfg.sampler)
@@ -232,13 +258,13 @@ def run(cfg: TrainConfig) -> Path:
     launch_local(run_training, devices, args=(graph, cfg, str(out), {"load_time_s": load_s}),
                  timeout_s=cfg.timeout_s, tune_allocator=cfg.recipe == "pyg_mgpu",
                  backend=cfg.backend, grace_s=cfg.grace_s)
-    from pyg_mgpu.tools.report import plot_run
+    from pyg_mgpu.train.plots import plot_run
     plot_run(out)
     return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from pyg_mgpu.distributed.launch import JobStopped, RankFailed
+    from pyg_mgpu.distributed.context import JobStopped, RankFailed
     from pyg_mgpu.distributed.stop import StopSignal, stopped_exit_code
 
     args = build_parser().parse_args(argv)
@@ -250,7 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, ValueError, OSError) as e:
         if debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {in_flags(e)}", file=sys.stderr)
         return 2
     except (JobStopped, StopSignal) as e:  # StopSignal: this process is a torchrun rank
         if not isinstance(e, StopSignal) or int(os.environ.get("RANK", 0)) == 0:

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pyg_mgpu.sampling.loader import make_loader
+from pyg_mgpu.train.loaders import make_loader
 
 
 def write_into_shared_graph(ctx, graph, result):

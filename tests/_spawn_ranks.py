@@ -87,7 +87,7 @@ def join_late_then_reduce(rank, init_method, delay_s, timeout_s, result):
     than that delay, and all-reduces a one."""
     import time
 
-    from pyg_mgpu.distributed.launch import process_group
+    from pyg_mgpu.distributed.process_group import process_group
     time.sleep(delay_s * rank)
     with process_group(rank, 2, torch.device("cpu"), init_method=init_method,
                        timeout_s=timeout_s, backend="gloo"):

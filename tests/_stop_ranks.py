@@ -37,7 +37,8 @@ def ignore_the_stop(ctx):
 
 
 if __name__ == "__main__":  # the launcher as a user's script runs it
-    from pyg_mgpu.distributed.launch import JobStopped, spawn
+    from pyg_mgpu.distributed.context import JobStopped
+    from pyg_mgpu.distributed.launch import spawn
 
     target = {"sleep": sleep_until_stopped, "ignore": ignore_the_stop}[sys.argv[1]]
     try:

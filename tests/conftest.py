@@ -10,8 +10,8 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 def shared_data() -> Path:
     """The offline data folder beside the checkout (``../shared/data``); skips when absent."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"offline data folder {SHARED_DATA} is absent (it sits beside the checkout "
-                    "on the project's machines)")
+        pytest.skip(f"offline data folder {SHARED_DATA} is absent (put PyG's raw Planetoid "
+                    "files there to run these tests)")
     return SHARED_DATA
 
 

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 import pyg_mgpu.distributed.launch as launch
-from pyg_mgpu.distributed.launch import RankContext, resolve_backend, resolve_devices, spawn
+from pyg_mgpu.distributed.context import RankContext
+from pyg_mgpu.distributed.devices import resolve_backend, resolve_devices
+from pyg_mgpu.distributed.launch import spawn
 from pyg_mgpu.distributed_sampling import build_parser, main
 from pyg_mgpu.train.config import ConfigError, TrainConfig
 
@@ -25,9 +27,9 @@ def test_auto_is_nccl_on_gpus_and_gloo_on_cpus():
     assert resolve_backend("auto", torch.device("cpu")) == "gloo"
     assert resolve_backend("gloo", torch.device("cuda", 0)) == "gloo"
     assert resolve_backend("nccl", torch.device("cuda", 0)) == "nccl"
-    with pytest.raises(ValueError, match="--backend nccl needs GPU ranks"):
+    with pytest.raises(ValueError, match="backend=nccl needs GPU ranks"):
         resolve_backend("nccl", torch.device("cpu"))
-    with pytest.raises(ValueError, match="--backend must be one of auto, nccl, gloo"):
+    with pytest.raises(ValueError, match="^backend must be one of auto, nccl, gloo"):
         resolve_backend("mpi", torch.device("cpu"))
 
 
@@ -36,18 +38,18 @@ def test_a_gpu_listed_twice_only_with_gloo(one_gpu):
     assert resolve_devices("cuda:0,0", None, "gloo") == [gpu0, gpu0]
     assert resolve_devices("cuda:0,0,0", 3, "gloo") == [gpu0] * 3
     for backend in ("auto", "nccl"):
-        with pytest.raises(ValueError, match="lists a GPU twice.*add --backend gloo"):
+        with pytest.raises(ValueError, match="lists a GPU twice.*add backend=gloo"):
             resolve_devices("cuda:0,0", None, backend)
     assert resolve_devices("cuda", None) == [gpu0]  # today's rules unchanged
     with pytest.raises(ValueError, match="only 1 GPU"):
         resolve_devices("cuda:0,1", None, "gloo")  # gloo shares GPUs, it does not invent them
-    with pytest.raises(ValueError, match="--backend must be one of"):
+    with pytest.raises(ValueError, match="^backend must be one of"):
         resolve_devices("cuda:0", None, "mpi")
 
 
 def test_cpu_ranks_refuse_nccl():
     assert resolve_devices("cpu", 2, "gloo") == [torch.device("cpu")] * 2
-    with pytest.raises(ValueError, match="--backend nccl needs GPU ranks"):
+    with pytest.raises(ValueError, match="backend=nccl needs GPU ranks"):
         resolve_devices("cpu", 2, "nccl")
 
 
@@ -86,14 +88,28 @@ def test_cli_backend_errors_are_one_line(argv, message, tmp_path, capsys, monkey
 def test_spawn_checks_the_backend_before_starting_ranks(monkeypatch):
     started = []
     monkeypatch.setattr(launch, "launch_local", lambda *a, **k: started.append(1))
-    with pytest.raises(ValueError, match="--backend nccl needs GPU ranks"):
+    with pytest.raises(ValueError, match="backend=nccl needs GPU ranks"):
         spawn(_spawn_ranks.record_context, devices="cpu", nprocs=2, backend="nccl")
-    with pytest.raises(ValueError, match="--backend must be one of"):
+    with pytest.raises(ValueError, match="^backend must be one of"):
         spawn(_spawn_ranks.record_context, devices="cpu", nprocs=2, backend="mpi")
     assert not started
 
 
 def test_launch_local_refuses_nccl_on_cpu_ranks():
-    with pytest.raises(ValueError, match="--backend nccl needs GPU ranks"):
+    with pytest.raises(ValueError, match="backend=nccl needs GPU ranks"):
         launch.launch_local(_spawn_ranks.record_context, [torch.device("cpu")] * 2,
                             args=(torch.zeros(2, 4),), backend="nccl")
+
+
+def test_library_errors_name_arguments_and_the_cli_names_flags(tmp_path, capsys,
+                                                               monkeypatch):
+    # spawn(devices=..., nprocs=...) is told about its arguments; the CLI about its flags.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match=r"^nprocs=0: a job needs at least 1 rank"):
+        resolve_devices("cpu", 0)
+    with pytest.raises(ValueError, match=r"^devices=cuda:0,1 asks for GPUs but CUDA sees none; "
+                                         r"use devices=cpu nprocs=N\.$"):
+        resolve_devices("cuda:0,1", None)
+    assert main(TINY + ["--devices", "cuda:0,1", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("error: --devices cuda:0,1 asks for GPUs but CUDA sees "
+                                       "none; use --devices cpu --nprocs N.\n")

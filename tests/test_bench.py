@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pyg_mgpu.tools import bench
-from pyg_mgpu.sampling.loader import pyg_sampler_available
+from pyg_mgpu.train.loaders import pyg_sampler_available
 
 TINY = ["--num-nodes", "3000", "--num-edges", "30000", "--num-features", "8",
         "--num-classes", "4", "--hidden", "16", "--batch-size", "256"]
@@ -102,12 +102,21 @@ def test_interleaved_turns_let_each_sampler_follow_each_other_equally_often():
         assert len(set(counts.values())) == 1, counts
 
 
-def test_cache_eviction_covers_twice_the_last_level_cache():
+def test_last_level_cache_is_read_from_sysfs(tmp_path):
+    for index, (level, size) in enumerate([(1, "48K"), (2, "1280K"), (3, "32768K")]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        (folder / "level").write_text(f"{level}\n")
+        (folder / "size").write_text(f"{size}\n")
+    assert bench._cpu_last_level_cache_bytes(tmp_path) == 32 << 20
+    assert bench._cpu_last_level_cache_bytes(tmp_path / "absent") == 0
+
+
+@pytest.mark.parametrize("cache_mb, evicted_mb", [(0, 64), (16, 64), (48, 96)])
+def test_cache_eviction_covers_twice_the_last_level_cache(monkeypatch, cache_mb, evicted_mb):
     import torch
-    cache = bench._cpu_last_level_cache_bytes()
-    assert cache >= 0
-    assert bench._eviction_bytes(torch.device("cpu")) == max(64 << 20, 2 * cache)
-    bench._cache_evictor(torch.device("cpu"))()  # runs
+    monkeypatch.setattr(bench, "_cpu_last_level_cache_bytes", lambda: cache_mb << 20)
+    assert bench._eviction_bytes(torch.device("cpu")) == evicted_mb << 20
 
 
 @pytest.mark.slow
@@ -142,8 +151,8 @@ def gpu_suite_steps(out, part, **env):
 
 
 @pytest.mark.parametrize("part", ["tests", "sampler", "variants", "full", "quick", "all"])
-def test_gpu_suite_parts_split_the_steps_into_device_calls(tmp_path, part):
-    """The GPU suite's parts (a 10-minute device call each) together run every step once."""
+def test_gpu_suite_parts_together_run_every_step_once(tmp_path, part):
+    """The GPU suite's parts, each run on its own, together run every step once."""
     expected = {"quick": sum((GPU_SUITE_PARTS[p] for p in ("tests", "sampler", "variants")),
                              []),
                 "all": sum(GPU_SUITE_PARTS.values(), [])}.get(part) or GPU_SUITE_PARTS[part]

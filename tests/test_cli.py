@@ -12,6 +12,7 @@ from pyg_mgpu.nn.sage import GraphSAGE
 
 TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
         "--num-classes", "4", "--hidden", "16", "--batch-size", "128"]
+TINY_TEST_NODES = 300  # the default split: a fifth of the nodes
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -41,13 +42,27 @@ def test_unwritable_out_is_reported(tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
 
 
-def test_too_many_ranks_for_the_split(tmp_path, capsys):
-    argv = TINY + ["--devices", "cpu", "--nprocs", "2", "--out", str(tmp_path)]
-    # 1500 nodes * 0.5 train = 750 >= 2 ranks, so this one is fine; shrink the graph instead.
-    argv[1] = "10"
-    argv[3] = "40"
-    assert main(argv + ["--batch-size", "1", "--nprocs", "3"]) == 2
-    assert "error:" in capsys.readouterr().err
+def test_batch_size_1_that_leaves_a_rank_short_is_refused(tmp_path, capsys):
+    # 10 nodes, half of them training: 5 over 3 ranks in batches of 1 cannot give every rank
+    # the same number of steps.
+    argv = TINY + ["--num-nodes", "10", "--num-edges", "40", "--batch-size", "1",
+                   "--devices", "cpu", "--nprocs", "3", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "batch size 1 with 5 training nodes on 3 ranks" in err and "--batch-size 2" in err
+
+
+def test_more_ranks_than_training_nodes_is_refused(tmp_path, capsys):
+    argv = TINY + ["--num-nodes", "4", "--num-edges", "8", "--devices", "cpu", "--nprocs", "3",
+                   "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "cannot give each of 3 ranks at least one of 2" in capsys.readouterr().err
+
+
+def assert_exact_ratio(accuracy: float, count: int):
+    """An accuracy over ``count`` nodes reduced as sums and counts: a whole number of them."""
+    assert 0.0 <= accuracy <= 1.0
+    assert accuracy * count == pytest.approx(round(accuracy * count), abs=1e-6), accuracy
 
 
 @pytest.mark.slow
@@ -75,7 +90,7 @@ def test_end_to_end_run_writes_complete_outputs(tmp_path):
     state = torch.load(out / "best.pt")
     model = GraphSAGE(8, 16, 4, 2)
     model.load_state_dict(state)  # plain state_dict, no "module." prefix
-    assert 0.0 <= metrics["test_acc"] <= 1.0
+    assert_exact_ratio(metrics["test_acc"], TINY_TEST_NODES)
 
 
 @pytest.mark.slow
@@ -108,11 +123,11 @@ def test_pyg_recipe_and_bf16_variants_train(tmp_path):
                             "--out", str(out)] + extra) == 0
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["recipe"] == ("pyg" if name == "recipe" else "pyg_mgpu")
-        assert 0.0 <= metrics["test_acc"] <= 1.0
+        assert_exact_ratio(metrics["test_acc"], TINY_TEST_NODES)
     # bf16 runs store the features in bf16: the shared dataset shrinks by half of x's bytes.
     full = json.loads((tmp_path / "recipe" / "metrics.json").read_text())["dataset_bytes"]
     assert metrics["dataset_bytes"] == full - 1500 * 8 * 2
-    assert 0.0 <= metrics["test_acc_exact"] <= 1.0
+    assert_exact_ratio(metrics["test_acc_exact"], TINY_TEST_NODES)
 
 
 @pytest.mark.slow

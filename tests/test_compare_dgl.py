@@ -1,4 +1,4 @@
-"""Tests for pyg_mgpu.tools.compare_dgl without DGL: summaries, table, JSON, tolerance, exit codes.
+"""Tests for ``python -m pyg_mgpu.compare_dgl`` without DGL: summaries, table, JSON, tolerance, exit codes.
 
 The real DGL run is CI's own step (.ci/compare_dgl.sh); here the two sides are metrics.json files
 written by hand, or tiny stand-in commands that write one.
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from pyg_mgpu.compare_dgl import main
 from pyg_mgpu.tools import compare_dgl
 from pyg_mgpu.tools.compare_dgl import (EXIT_ACCURACY_GAP, EXIT_BAD_INPUT, EXIT_SIDE_FAILED, SIDES,
-                                  SideFailed, check, compare_runs, format_table, main,
-                                  run_side, side_commands, steady_epoch_time, summarize_run,
-                                  summarize_side)
+                                        SideFailed, check, compare_runs, format_table, run_side,
+                                        side_commands, steady_epoch_time, summarize_run,
+                                        summarize_side)
 from pyg_mgpu.train.config import TrainConfig
 
 REQUIRED = ("test_acc", "best_val_acc", "epoch_time_s", "peak_mem_mb")
@@ -240,5 +241,18 @@ def test_the_dgl_side_scripts_are_where_the_tools_look():
 def test_refuses_what_the_dgl_variant_cannot_train(tmp_path, capsys):
     # The DGL side trains GraphSAGE with plain Adam; anything else would compare unlike recipes.
     for extra in (["--model", "gat"], ["--weight-decay", "5e-4"]):
-        assert compare_dgl.main(["--out", str(tmp_path), *extra]) == 2
+        assert main(["--out", str(tmp_path), *extra]) == 2
         assert "DGL variant trains GraphSAGE" in capsys.readouterr().err
+
+
+def test_the_pyg_sides_own_flags_parse_back_to_the_same_settings():
+    from pyg_mgpu.distributed_sampling import build_parser
+    from pyg_mgpu.tools.compare_dgl import pyg_only_flags
+
+    changed = dict(amp="bf16", timeout_s=60.0, profile=True, sampler="native", grace_s=5.0,
+                   split_fractions=(0.6, 0.1, 0.1), feature_cache_gb=0.5)
+    flags = pyg_only_flags(TrainConfig(**changed))
+    assert "--timeout" in flags and "--split-fractions" in flags
+    back = TrainConfig(**vars(build_parser().parse_args(flags)))
+    for name, value in changed.items():
+        assert getattr(back, name) == value, name

@@ -1,4 +1,4 @@
-"""Tests of load_graph and load_dataset: every source becomes a validated GraphStore (and a PyG
+"""Tests of load_graph and load_dataset: every source becomes a validated ConvertedGraph (and a PyG
 ``Data``), and every failure a DatasetError that says what to do, quickly and without reading
 stdin."""
 from __future__ import annotations
@@ -18,10 +18,10 @@ import scipy.sparse as sp
 import torch
 
 import pyg_mgpu.data.csc as csc_module
-from pyg_mgpu.data import (DATASETS, DatasetError, GraphStore, SyntheticSpec, load_dataset,
+from pyg_mgpu.data import (DATASETS, DatasetError, ConvertedGraph, SyntheticSpec, load_dataset,
                            load_graph, make_synthetic)
 from pyg_mgpu.data.csc import cached_csc, csc_of
-from pyg_mgpu.data.datasets import CACHE_ENV
+from pyg_mgpu.data.cache import CACHE_ENV
 from pyg_mgpu.data.csc import index_dtype
 
 SMALL = SyntheticSpec(num_nodes=300, num_edges=3_000, num_features=8, num_classes=4)
@@ -104,7 +104,7 @@ def test_synthetic_splits_labels_and_csc():
     assert g.num_nodes == SMALL.num_nodes and g.num_edges == SMALL.num_edges
     assert int(g.colptr[0]) == 0 and int(g.colptr[-1]) == g.num_edges
     assert bool((g.in_degree() >= 0).all())
-    again = GraphStore.from_edge_index("again", g.edge_index(), g.x, g.y, g.train_idx,
+    again = ConvertedGraph.from_edge_index("again", g.edge_index(), g.x, g.y, g.train_idx,
                                        g.val_idx, g.test_idx, g.num_classes)
     assert torch.equal(again.colptr, g.colptr) and torch.equal(again.row, g.row)
     # Node ids fit in int32, so the CSC indices take half the bytes; edge lists stay int64.
@@ -116,7 +116,7 @@ def split_of(mask: torch.Tensor) -> list[int]:
     return mask.nonzero().view(-1).tolist()
 
 
-def assert_data_matches_graph(data, g: GraphStore) -> None:
+def assert_data_matches_graph(data, g: ConvertedGraph) -> None:
     """``data`` is ``g`` as PyG's ``Data``: same tensors, masks of its splits, its CSC."""
     data.validate()
     assert data.num_nodes == g.num_nodes and data.num_classes == g.num_classes
@@ -167,6 +167,7 @@ def planetoid_root(shared_data: Path, tmp_path: Path) -> Iterator[Path]:
     ("cora", "Cora", 2708, 7, (140, 500, 1000)),
     ("citeseer", "CiteSeer", 3327, 6, (120, 500, 1000)),
 ])
+@pytest.mark.slow
 def test_planetoid_public_split(planetoid_root, cache, name, folder, nodes, classes, splits):
     before = snapshot(planetoid_root)
     g = load_graph(name, planetoid_root)
@@ -197,6 +198,7 @@ def write_reddit(root: Path, n: int = 12) -> dict[str, np.ndarray]:
     return data
 
 
+@pytest.mark.slow
 def test_reddit_from_raw_files(tmp_path):
     data = write_reddit(tmp_path / "reddit")
     g = load_graph("reddit", tmp_path / "reddit")
@@ -208,6 +210,7 @@ def test_reddit_from_raw_files(tmp_path):
     assert edge_set(g.edge_index()) == edge_set(torch.from_numpy(data["edges"]))
 
 
+@pytest.mark.slow
 def test_read_only_root_is_mirrored_into_cache(tmp_path, cache):
     root = tmp_path / "reddit"
     write_reddit(root)
@@ -251,6 +254,7 @@ def write_ogbn_arxiv(root: Path, release: bool) -> dict[str, np.ndarray]:
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("release", [True, False], ids=["released", "outdated"])
 def test_ogbn_arxiv_from_raw_files(tmp_path, offline, no_stdin, release):
     data = write_ogbn_arxiv(tmp_path, release)
@@ -371,6 +375,7 @@ def test_unreadable_npz_is_rejected(tmp_path, damage):
     assert str(path) in str(info.value) and "must contain" in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files via /proc")
 def test_running_out_of_file_descriptors_says_how_to_fix_it():
     # torch keeps one descriptor per shared tensor: with the limit just above what is open,
@@ -440,6 +445,7 @@ def write_ogbn_mag(root: Path) -> dict:
     return {"relations": relations, "x": x, "y": y, "counts": counts}
 
 
+@pytest.mark.slow
 def test_ogbn_mag_from_raw_files(tmp_path, offline, no_stdin):
     written = write_ogbn_mag(tmp_path)
     for _ in range(2):  # the second load reads OGB's processed/ cache

@@ -17,6 +17,7 @@ pytest.importorskip("sphinx", reason='the docs build needs pip install -e ".[doc
 pytest.importorskip("myst_parser", reason='the docs build needs pip install -e ".[docs]"')
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+pytestmark = pytest.mark.slow  # one Sphinx build of the whole site
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 reader's script would have them."""
 import doctest
 import inspect
+import re
 
 import pytest
 import torch
@@ -15,7 +16,13 @@ EXPORTED = [name for name in pyg_mgpu.__all__ if not inspect.ismodule(getattr(py
 @pytest.mark.parametrize("name", EXPORTED)
 def test_the_docstring_has_an_example(name):
     doc = inspect.getdoc(getattr(pyg_mgpu, name)) or ""
-    assert "Example" in doc or "::" in doc, f"pyg_mgpu.{name}'s docstring shows no example"
+    # An "Example:" section (Google style) holding a doctest or a code block, or "Example::"
+    # followed by one (reStructuredText); in both the example runs to the next unindented line.
+    section = re.search(r"^Examples?:(:?)\n(.*?)(?=^\S|\Z)", doc, re.M | re.S)
+    assert section, f"pyg_mgpu.{name}'s docstring has no Example section"
+    literal, body = section.groups()
+    assert body.strip() and (literal or ">>>" in body or "::" in body), \
+        f"pyg_mgpu.{name}'s Example section holds no doctest and no code block"
 
 
 @pytest.mark.parametrize("name", EXPORTED)

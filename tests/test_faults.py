@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.distributed.launch import RankFailed, launch_local
+from pyg_mgpu.distributed.context import RankFailed
+from pyg_mgpu.distributed.launch import launch_local
 
 import _inference_ranks
 from _processes import (group_members, ignore_sigint, kill, kill_group, rank_processes,

@@ -4,7 +4,7 @@ import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
-from pyg_mgpu.sampling.loader import make_loader
+from pyg_mgpu.train.loaders import make_loader
 
 CPU = torch.device("cpu")
 
@@ -72,7 +72,7 @@ def test_pickled_copies_carry_no_rows(graph):
 
 
 def test_graph_stays_on_the_host_for_pyg_sampler_or_too_little_gpu_memory(graph):
-    from pyg_mgpu.sampling.loader import place_graph
+    from pyg_mgpu.train.loaders import place_graph
     # PyG's sampler runs on the CPU: even a GPU rank with room to spare samples the host copy.
     # (Decided before any CUDA call, so this runs without a GPU.)
     assert place_graph(graph, torch.device("cuda", 0), "auto", sampler="pyg") is graph

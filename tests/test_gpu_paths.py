@@ -299,7 +299,7 @@ def test_two_gloo_ranks_share_one_gpu():
 
 
 def test_a_gpu_listed_twice_needs_gloo():
-    with pytest.raises(ValueError, match="--backend gloo"):
+    with pytest.raises(ValueError, match="backend=gloo"):
         spawn(_gpu_ranks.collectives_on_the_gpu, args=(torch.zeros(2, 6),),
               devices="cuda:0,0", timeout_s=60)
 

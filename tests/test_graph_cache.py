@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from pyg_mgpu.data import cache as cache_module
-from pyg_mgpu.data import datasets
+from pyg_mgpu.data import datasets, sources
 from pyg_mgpu.data.csc import build_csc, csc_from_chunks, edge_chunks
 from pyg_mgpu.data.datasets import load_graph
-from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed_sampling import main
 
@@ -67,13 +67,13 @@ def test_store_from_an_edge_list_equals_the_old_conversion():
     g = make_synthetic(SMALL, seed=2)
     gen = torch.Generator().manual_seed(0)
     shuffled = g.edge_index()[:, torch.randperm(g.num_edges, generator=gen)]
-    again = GraphStore.from_edge_index("again", shuffled, g.x, g.y, g.train_idx, g.val_idx,
+    again = ConvertedGraph.from_edge_index("again", shuffled, g.x, g.y, g.train_idx, g.val_idx,
                                        g.test_idx)
     colptr, row, _ = old_conversion(shuffled, g.num_nodes)
     assert torch.equal(again.colptr, colptr) and torch.equal(again.row, row)
 
 
-def write_npz(path, g: GraphStore, *, compressed=False, fortran=False, big_endian=False,
+def write_npz(path, g: ConvertedGraph, *, compressed=False, fortran=False, big_endian=False,
               int32=False, float64=False):
     ei = g.edge_index().numpy()
     if int32:
@@ -126,7 +126,7 @@ def test_cache_hit_reads_without_converting(tmp_path, monkeypatch):
     lines = []
     first = load_npz_cached(path, tmp_path / "cache", lines)
     assert "converted and wrote" in lines[-1]
-    monkeypatch.setattr(datasets, "_load_npz", lambda p: pytest.fail("converted again"))
+    monkeypatch.setattr(sources, "load_npz", lambda p: pytest.fail("converted again"))
     where = {"tensors": "in shared memory", "shm": "copied to /dev/shm", "mmap": "mapped"}
     for placement, said in where.items():
         again = load_npz_cached(path, tmp_path / "cache", lines, placement)
@@ -141,6 +141,7 @@ def test_cache_hit_reads_without_converting(tmp_path, monkeypatch):
         assert in_shm == (placement == "shm")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_shm_copies_go_with_the_graph_and_orphans_are_swept(tmp_path):
     path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=3))
@@ -215,6 +216,7 @@ def test_crash_while_writing_leaves_no_cache_that_looks_complete(tmp_path, monke
     assert "converted and wrote" in lines[-1]
 
 
+@pytest.mark.slow
 def test_mapped_graph_reaches_another_process_as_its_files(tmp_path):
     path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=6))
     g = load_npz_cached(path, tmp_path / "cache", [], "mmap")
@@ -242,6 +244,7 @@ def test_a_saved_mapped_tensor_loads_as_a_plain_tensor(tmp_path):
     assert len(ForkingPickler.dumps(g.x)) < 10_000, "multiprocessing pickled the bytes"
 
 
+@pytest.mark.slow
 def test_mapped_features_train_like_shared_memory(tmp_path):
     tiny = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
             "--num-classes", "4", "--hidden", "16", "--batch-size", "256", "--devices", "cpu",

@@ -8,7 +8,7 @@ from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed.launch import launch_local
 from pyg_mgpu.train.inference import exact_accuracy, gathered_rows, layerwise_logits
 from pyg_mgpu.nn.sage import GraphSAGE
-from pyg_mgpu.sampling.loader import graph_as_data
+from pyg_mgpu.train.loaders import graph_as_data
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sharding import shard_bounds
 

@@ -81,6 +81,7 @@ ALLOCATE = """
 """
 
 
+@pytest.mark.slow
 def test_peak_of_a_200mb_child_its_exit_code_and_dataset_ratio(tmp_path):
     code, report = run_memory(tmp_path, ALLOCATE, "--out", str(tmp_path / "run"))
     assert code == 3 and report["exit_code"] == 3
@@ -126,6 +127,7 @@ UNMAPPED_SHM = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_unmapped_dev_shm_files_count_in_ram_not_in_pss(tmp_path):
     if "shmem" not in read_pss(os.getpid()):
@@ -137,6 +139,19 @@ def test_unmapped_dev_shm_files_count_in_ram_not_in_pss(tmp_path):
     assert report["load_peak_ram_mb"] == report["peak_ram_mb"]  # no child: all of it loading
 
 
+def test_a_sample_during_which_a_process_ended_is_taken_again(monkeypatch):
+    # Listed alive, then gone by the end of the sample: its pages moved to the survivors
+    # mid-sample, so the sample is retaken; a tree that keeps changing gives no sample.
+    listings = iter([[1, 2, 3], [1, 2], [1, 2], [1, 2]])
+    monkeypatch.setattr(memory, "_living_tree", lambda pid: next(listings))
+    monkeypatch.setattr(memory, "read_pss", lambda pid: {"pss": pid * MB})
+    assert memory.tree_pss(1) == {1: {"pss": MB}, 2: {"pss": 2 * MB}}
+    changing = iter([[1, 2], [1], [1, 2], [1], [1, 2], [1]])
+    monkeypatch.setattr(memory, "_living_tree", lambda pid: next(changing))
+    assert memory.tree_pss(1, tries=3) == {}
+
+
+@pytest.mark.slow
 def test_shared_pages_are_counted_once_over_descendants(tmp_path):
     code, report = run_memory(tmp_path, SHARED)
     assert code == 0

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.sampling.loader import pyg_sampler_available
+from pyg_mgpu.train.loaders import pyg_sampler_available
 from pyg_mgpu.nn.sage import GraphSAGE
-from pyg_mgpu.sampling.loader import graph_as_data
+from pyg_mgpu.train.loaders import graph_as_data
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
@@ -129,7 +129,7 @@ def test_batches_without_hop_counts_run_untrimmed():
 @pytest.mark.skipif(not pyg_sampler_available(),
                     reason="PyG's sampler needs pyg-lib or torch-sparse (docs/benchmarks.md)")
 def test_pyg_sampler_batches_train_the_model():
-    from pyg_mgpu.sampling.loader import make_loader
+    from pyg_mgpu.train.loaders import make_loader
     from pyg_mgpu.train.loop import seed_logits
     g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
     loader = make_loader(g, g.train_idx, fanout=[5, 5], sampler="pyg", seed=0, batch_size=64)

@@ -8,7 +8,7 @@ from torch_geometric.nn.models import GCN as PyGGCN
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.nn.models import build_model
-from pyg_mgpu.sampling.loader import make_loader
+from pyg_mgpu.train.loaders import make_loader
 from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable
 from pyg_mgpu.train.config import HOMOGENEOUS_MODELS, ConfigError, TrainConfig
 
@@ -83,8 +83,12 @@ def test_model_options_are_validated(options, message):
         TrainConfig(**options)
 
 
-def test_heads_matter_to_gat_only():
-    TrainConfig(model="gcn", hidden=100, heads=8)  # no error: GCN has no heads
+def test_heads_only_constrain_gats_hidden_size():
+    # GAT splits --hidden over its heads; GCN has no heads, so the same settings are valid.
+    with pytest.raises(ConfigError, match="not divisible by --heads 8"):
+        TrainConfig(model="gat", hidden=100, heads=8)
+    cfg = TrainConfig(model="gcn", hidden=100, heads=8)
+    assert cfg.hidden == 100
 
 
 def test_bad_model_options_are_one_line_on_the_command_line(tmp_path, capsys):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pyg_mgpu.distributed.launch import free_port
+from pyg_mgpu.distributed.devices import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ import torch
 from scipy.stats import chisquare
 from torch_geometric.loader import NodeLoader
 
-from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.sampling import numbering
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
-from pyg_mgpu.sampling.loader import graph_as_data, make_loader
+from pyg_mgpu.train.loaders import graph_as_data, make_loader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
@@ -25,7 +25,7 @@ def graph():
     # Multi-edges removed so that "distinct edge" and "distinct neighbour" mean the same.
     g = make_synthetic(SyntheticSpec(num_nodes=3000, num_edges=60_000), seed=1)
     ei = torch.unique(g.edge_index(), dim=1)
-    return GraphStore.from_edge_index("dedup", ei, g.x, g.y, g.train_idx, g.val_idx, g.test_idx)
+    return ConvertedGraph.from_edge_index("dedup", ei, g.x, g.y, g.train_idx, g.val_idx, g.test_idx)
 
 
 def check_output(graph, out, seeds, fanouts):
@@ -89,7 +89,7 @@ def test_uniform_without_replacement():
     dst = torch.arange(deg, deg + num_dst).repeat_interleave(deg)
     src = torch.arange(deg).repeat(num_dst)
     n = deg + num_dst
-    g = GraphStore.from_edge_index("star", torch.stack([src, dst]), torch.zeros(n, 1),
+    g = ConvertedGraph.from_edge_index("star", torch.stack([src, dst]), torch.zeros(n, 1),
                                    torch.zeros(n, dtype=torch.long), torch.tensor([0]),
                                    torch.tensor([1]), torch.tensor([2]))
     sampler = native(g, [fanout], seed=123)
@@ -117,7 +117,7 @@ def test_large_degree_stays_uniform():
     src = torch.arange(1, deg + 1)
     dst = torch.zeros(deg, dtype=torch.long)
     n = deg + 1
-    g = GraphStore.from_edge_index("hub", torch.stack([src, dst]), torch.zeros(n, 1),
+    g = ConvertedGraph.from_edge_index("hub", torch.stack([src, dst]), torch.zeros(n, 1),
                                    torch.zeros(n, dtype=torch.long), torch.tensor([0]),
                                    torch.tensor([1]), torch.tensor([2]))
     sampler = native(g, [25], seed=0)
@@ -138,7 +138,7 @@ def test_int32_and_int64_rows_sample_the_same(graph):
     assert graph.row.dtype == torch.int32
     seeds = torch.arange(0, 3000, 7)
     a = native(graph, [10, 5], seed=7)
-    b = native(GraphStore(**{**graph.__dict__, "row": graph.row.long()}), [10, 5], seed=7)
+    b = native(ConvertedGraph(**{**graph.__dict__, "row": graph.row.long()}), [10, 5], seed=7)
     # Likewise the lookup (int32 below 2^30 nodes) and Floyd's offsets (int32 below 2^31 edges).
     assert a.graph.lookup_type == {NODE: torch.int32}
     assert a.graph.offset_type == {EDGE: torch.int32}
@@ -178,7 +178,7 @@ def test_zero_fanout_draws_nothing(graph):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_runs_on_cuda_tensors(graph):
-    cuda_graph = GraphStore(**{k: v.cuda() if isinstance(v, torch.Tensor) else v
+    cuda_graph = ConvertedGraph(**{k: v.cuda() if isinstance(v, torch.Tensor) else v
                                for k, v in graph.__dict__.items()})
     sampler = native(cuda_graph, [10, 5], seed=0)
     seeds = torch.randperm(graph.num_nodes)[:300]
@@ -239,7 +239,7 @@ def test_dataloader_workers_draw_different_random_streams():
     colptr = torch.cat([torch.arange(0, (num_dst + 1) * deg, deg),  # the sources have no
                         torch.full((deg,), num_dst * deg)])              # in-edges themselves
     row = (torch.arange(num_dst * deg) % deg + num_dst).int()
-    graph = GraphStore(name="star", num_classes=2, colptr=colptr, row=row,
+    graph = ConvertedGraph(name="star", num_classes=2, colptr=colptr, row=row,
                        x=torch.zeros(num_dst + deg, 1), y=torch.zeros(num_dst + deg,
                                                                     dtype=torch.long),
                        train_idx=torch.arange(10), val_idx=torch.arange(10, 20),

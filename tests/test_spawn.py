@@ -9,9 +9,12 @@ import torch
 import torch.distributed as dist
 from torch_geometric.data import Data
 
-import pyg_mgpu.distributed.launch as launch
+import pyg_mgpu.distributed.process_group as process_group_module
+import pyg_mgpu.distributed.watch as watch
 from pyg_mgpu.data.csc import cached_csc
-from pyg_mgpu.distributed.launch import JobStopped, RankFailed, free_port, spawn
+from pyg_mgpu.distributed.context import JobStopped, RankFailed
+from pyg_mgpu.distributed.devices import free_port
+from pyg_mgpu.distributed.launch import spawn
 
 import _spawn_ranks
 
@@ -49,18 +52,18 @@ def test_a_failed_rank_ends_the_job_with_its_traceback():
 
 def test_ranks_that_end_at_the_same_moment_still_fail_the_job(tmp_path):
     # The watcher may first look when every rank has already ended: their exit codes count.
-    outcome = launch._watch_ranks(_ended([3, 3]), launch._LauncherSignals(grace_s=2))
+    outcome = watch.watch_ranks(_ended([3, 3]), watch.LauncherSignals(grace_s=2))
     assert outcome.first_failed == (0, 3)
     with pytest.raises(RankFailed, match="rank 0 exited with code 3"):
-        launch._raise_for(outcome, 0, str(tmp_path), grace_s=2)
+        watch.raise_for(outcome, 0, str(tmp_path), grace_s=2)
 
 
 def test_ranks_their_watchdog_ended_stop_the_job_even_if_they_end_together(tmp_path):
     # Each rank's watchdog exits with 128 + SIGTERM after the grace period: a stop, not success.
-    outcome = launch._watch_ranks(_ended([128 + signal.SIGTERM] * 2),
-                                  launch._LauncherSignals(grace_s=2))
+    outcome = watch.watch_ranks(_ended([128 + signal.SIGTERM] * 2),
+                                  watch.LauncherSignals(grace_s=2))
     with pytest.raises(JobStopped) as stopped:
-        launch._raise_for(outcome, signal.SIGTERM, str(tmp_path), grace_s=2)
+        watch.raise_for(outcome, signal.SIGTERM, str(tmp_path), grace_s=2)
     assert stopped.value.signum == signal.SIGTERM
     assert stopped.value.killed_after_grace == [0, 1]
 
@@ -84,11 +87,11 @@ def test_a_rank_killed_by_a_signal_is_named_before_the_peer_it_took_along(tmp_pa
     # Rank 1 SIGKILLed (the OOM killer); rank 0 reported the lost connection and exited before
     # the launcher looked: the cause is rank 1.
     (tmp_path / "rank0").write_text("1.0\nTraceback ...\nRuntimeError: Connection closed by peer")
-    outcome = launch._watch_ranks(_ended([1, -signal.SIGKILL]),
-                                  launch._LauncherSignals(grace_s=2))
+    outcome = watch.watch_ranks(_ended([1, -signal.SIGKILL]),
+                                  watch.LauncherSignals(grace_s=2))
     assert outcome.first_failed == (0, 1) and outcome.killed_by_signal == [1]
     with pytest.raises(RankFailed) as failed:
-        launch._raise_for(outcome, 0, str(tmp_path), grace_s=2)
+        watch.raise_for(outcome, 0, str(tmp_path), grace_s=2)
     assert str(failed.value).startswith("rank 1 was killed by signal SIGKILL")
     assert "then rank 0 failed: RuntimeError: Connection closed by peer" in str(failed.value)
 
@@ -96,12 +99,12 @@ def test_a_rank_killed_by_a_signal_is_named_before_the_peer_it_took_along(tmp_pa
 def test_a_stop_is_a_completed_job_only_if_every_function_returned(tmp_path):
     # Ranks interrupted before their function ran exit 0 too (torch's wrapper swallows the
     # interrupt): without every rank's "done" the signal stopped the job.
-    outcome = launch._watch_ranks(_ended([0, 0]), launch._LauncherSignals(grace_s=2))
+    outcome = watch.watch_ranks(_ended([0, 0]), watch.LauncherSignals(grace_s=2))
     (tmp_path / "done0").touch()
     with pytest.raises(JobStopped):
-        launch._raise_for(outcome, signal.SIGINT, str(tmp_path), grace_s=2)
+        watch.raise_for(outcome, signal.SIGINT, str(tmp_path), grace_s=2)
     (tmp_path / "done1").touch()
-    launch._raise_for(outcome, signal.SIGINT, str(tmp_path), grace_s=2)  # completed
+    watch.raise_for(outcome, signal.SIGINT, str(tmp_path), grace_s=2)  # completed
 
 
 @pytest.mark.slow
@@ -127,8 +130,8 @@ def test_under_torchrun_fn_runs_in_this_process(monkeypatch):
         monkeypatch.setenv(key, value)
     # Keep this test process's allocator and thread count as they are.
     tuned, budgets = [], []
-    monkeypatch.setattr(launch, "tune_cpu_allocator", lambda: tuned.append(True))
-    monkeypatch.setattr(launch, "set_thread_budget", budgets.append)
+    monkeypatch.setattr(process_group_module, "tune_cpu_allocator", lambda: tuned.append(True))
+    monkeypatch.setattr(process_group_module, "set_thread_budget", budgets.append)
     seen = []
 
     def fn(ctx, data):

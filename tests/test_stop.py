@@ -17,7 +17,8 @@ import psutil
 import pytest
 import torch
 
-from pyg_mgpu.distributed.launch import free_port, launch_local
+from pyg_mgpu.distributed.devices import free_port
+from pyg_mgpu.distributed.launch import launch_local
 from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.train.checkpoint import CHECKPOINT
 

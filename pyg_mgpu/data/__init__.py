@@ -1,8 +1,8 @@
 """Datasets, the graph store every dataset is converted to, and its PyG ``Data`` form."""
 from .datasets import DATASETS, load_dataset, load_graph
-from .graph import DatasetError, GraphStore
+from .graph import DatasetError, ConvertedGraph
 from .stores import CachedGraph, open_stores
 from .synthetic import SyntheticSpec, make_synthetic
 
-__all__ = ["CachedGraph", "DATASETS", "DatasetError", "GraphStore", "SyntheticSpec",
+__all__ = ["CachedGraph", "DATASETS", "DatasetError", "ConvertedGraph", "SyntheticSpec",
            "load_dataset", "load_graph", "make_synthetic", "open_stores"]

@@ -1,7 +1,7 @@
 """The converted-graph cache: a dataset is converted once; later runs read or map the result.
 
 Converting a large edge list to CSC is most of a load (and the moment of peak memory). The first
-run therefore writes the converted :class:`GraphStore` to a folder in a raw layout, one file per
+run therefore writes the converted :class:`ConvertedGraph` to a folder in a raw layout, one file per
 tensor plus ``meta.json``::
 
     <cache_dir>/<dataset>-<id>/meta.json     format, key, name, num_classes, dtype and shape
@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from pyg_mgpu.data.graph import GraphStore, MappedFile, check_shm_room
+from pyg_mgpu.data.graph import ConvertedGraph, MappedFile, check_shm_room
 
 FORMAT = 1  # bump when the layout or the conversion changes: every older cache goes stale
 META = "meta.json"
@@ -68,7 +68,7 @@ def source_key(identity: dict, sources: Iterable[Path]) -> str:
     return _digest({"format": FORMAT, "identity": identity, "sources": stats})
 
 
-def save_store(graph: GraphStore, folder: Path, key: str) -> None:
+def save_store(graph: ConvertedGraph, folder: Path, key: str) -> None:
     """Writes ``graph`` to ``folder`` atomically (temporary folder, then rename)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ SHM_PREFIX = "pyg_mgpu-graph-"
 _WHERE = {"mmap": "mapped", "shm": "copied to /dev/shm", "tensors": "in shared memory"}
 
 
-def open_store(folder: Path, key: str) -> GraphStore:
+def open_store(folder: Path, key: str) -> ConvertedGraph:
     """The cached graph in ``folder``, its files mapped (nothing is read until touched).
 
     Raises:
@@ -144,10 +144,10 @@ def open_store(folder: Path, key: str) -> GraphStore:
     return graph
 
 
-def place(graph: GraphStore, placement: str, shm_dir: str = "/dev/shm") -> GraphStore:
+def place(graph: ConvertedGraph, placement: str, shm_dir: str = "/dev/shm") -> ConvertedGraph:
     """A graph from :func:`open_store` moved to ``placement`` (one of :data:`PLACEMENTS`).
 
-    Mapped files travel to spawned ranks as file names (``GraphStore.mapped``); ``shm`` copies
+    Mapped files travel to spawned ranks as file names (``ConvertedGraph.mapped``); ``shm`` copies
     are deleted when the returned graph is garbage collected or the process exits (a killed
     process's copies are swept by the next ``shm`` placement).
 
@@ -160,7 +160,7 @@ def place(graph: GraphStore, placement: str, shm_dir: str = "/dev/shm") -> Graph
         return graph
     check_shm_room(graph.name, graph.nbytes(), shm_dir)
     if placement == "tensors":
-        return GraphStore(name=graph.name, num_classes=graph.num_classes,
+        return ConvertedGraph(name=graph.name, num_classes=graph.num_classes,
                           **{k: f.read_shared() for k, f in graph.mapped.items()})
     copies = _copy_to_shm(graph.mapped, shm_dir)
     placed = _mapped_store(graph.name, graph.num_classes, copies)
@@ -168,8 +168,8 @@ def place(graph: GraphStore, placement: str, shm_dir: str = "/dev/shm") -> Graph
     return placed
 
 
-def _mapped_store(name: str, num_classes: int, files: dict[str, MappedFile]) -> GraphStore:
-    graph = GraphStore(name=name, num_classes=num_classes,
+def _mapped_store(name: str, num_classes: int, files: dict[str, MappedFile]) -> ConvertedGraph:
+    graph = ConvertedGraph(name=name, num_classes=num_classes,
                        **{k: f.open() for k, f in files.items()})
     graph.mapped = files
     return graph
@@ -212,7 +212,7 @@ def _sweep_orphans(shm_dir: str) -> None:
             pass
 
 
-def _check_structure(graph: GraphStore) -> None:
+def _check_structure(graph: ConvertedGraph) -> None:
     """Cheap checks (pointers only) that catch a cache overwritten in place."""
     colptr = graph.colptr
     if colptr.numel() < 2 or int(colptr[0]) != 0 or int(colptr[-1]) != graph.num_edges:
@@ -223,8 +223,8 @@ def _check_structure(graph: GraphStore) -> None:
 
 
 def load_cached(folder: Path, identity: dict, sources: Callable[[], Iterable[Path]],
-                build: Callable[[], GraphStore], placement: Optional[str] = "tensors",
-                log: Optional[Callable[[str], None]] = None) -> GraphStore:
+                build: Callable[[], ConvertedGraph], placement: Optional[str] = "tensors",
+                log: Optional[Callable[[str], None]] = None) -> ConvertedGraph:
     """The graph cached in ``folder``, or ``build()``'s, written there first.
 
     Args:

@@ -1,9 +1,9 @@
 """The one training layout every dataset is converted to, once, in the parent process.
 
-A :class:`GraphStore` holds the graph in CSC form (for every node, the sources of its in-edges,
+A :class:`ConvertedGraph` holds the graph in CSC form (for every node, the sources of its in-edges,
 which is what a neighbour sampler walks), node features, labels and the three split index
-tensors. :meth:`GraphStore.share_memory_` moves every tensor to shared memory so spawned ranks
-map the parent's pages instead of copying them. :meth:`GraphStore.to_data` hands the same graph
+tensors. :meth:`ConvertedGraph.share_memory_` moves every tensor to shared memory so spawned ranks
+map the parent's pages instead of copying them. :meth:`ConvertedGraph.to_data` hands the same graph
 to PyG code as a ``Data``.
 """
 from __future__ import annotations
@@ -108,7 +108,7 @@ ForkingPickler.register(MappedTensor, _reduce_mapped_tensor)
 
 
 @dataclass
-class GraphStore:
+class ConvertedGraph:
     """A node-classification graph in the layout the samplers and trainers use.
 
     Attributes:
@@ -169,7 +169,7 @@ class GraphStore:
         """Bytes held by all tensors: the size of one copy of the dataset."""
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
-    def share_memory_(self, shm_dir: str = "/dev/shm") -> "GraphStore":
+    def share_memory_(self, shm_dir: str = "/dev/shm") -> "ConvertedGraph":
         """Moves every tensor to shared memory in place (ranks then map, not copy, them).
 
         Raises:
@@ -241,7 +241,7 @@ class GraphStore:
         test_idx: Tensor,
         num_classes: Optional[int] = None,
         add_reverse: bool = False,
-    ) -> "GraphStore":
+    ) -> "ConvertedGraph":
         """Validates a (source, destination) edge list with node data and converts it to CSC.
 
         ``add_reverse=True`` adds every edge's reverse after the edges given (for graphs
@@ -278,7 +278,7 @@ class GraphStore:
         val_idx: Tensor,
         test_idx: Tensor,
         num_classes: Optional[int] = None,
-    ) -> "GraphStore":
+    ) -> "ConvertedGraph":
         """:meth:`from_edge_index` for edges that come in chunks (read from a file, or
         generated): the conversion never holds more than one chunk beyond its output.
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch_geometric.data import HeteroData
 
+from pyg_mgpu.data.downloads import ogb_guards, run_library
 from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec, make_synthetic_hetero
 
@@ -90,7 +91,6 @@ def fill_missing_features(data: HeteroData) -> HeteroData:
 
 
 def _load_ogbn_mag(root: Path) -> HeteroData:
-    from pyg_mgpu.data.datasets import _ogb_guards, _run_library  # the homogeneous loaders'
 
     folder = root / "ogbn_mag"
     expected = [Path("ogbn_mag", "raw", "triplet-type-list.csv.gz")] + [
@@ -102,11 +102,11 @@ def _load_ogbn_mag(root: Path) -> HeteroData:
 
         if (r / "ogbn_mag" / "raw" / "triplet-type-list.csv.gz").exists():
             (r / "ogbn_mag" / "processed").mkdir(exist_ok=True)  # OGB never creates it
-        with _ogb_guards():
+        with ogb_guards():
             dataset = NodePropPredDataset("ogbn-mag", root=str(r))
             return dataset, dataset.get_idx_split()
 
-    dataset, split = _run_library("ogbn-mag", root, folder, expected, _MAG_URL, build)
+    dataset, split = run_library("ogbn-mag", root, folder, expected, _MAG_URL, build)
     graph, labels = dataset[0]
     data = HeteroData()
     for node_type, count in graph["num_nodes_dict"].items():

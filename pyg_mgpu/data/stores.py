@@ -23,7 +23,7 @@ from torch_geometric.data.graph_store import EdgeLayout
 
 from pyg_mgpu.data.cache import default_cache_dir
 from pyg_mgpu.data.datasets import load_graph
-from pyg_mgpu.data.graph import GraphStore as ConvertedGraph
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.synthetic import SyntheticSpec
 
 _READ_ONLY = ("{kind} over the converted-graph cache is read-only; build a {pyg} of your own "

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from pyg_mgpu.data.csc import CHUNK_EDGES
-from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.graph import ConvertedGraph
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class SyntheticSpec:
                              f"{self.train_fraction}/{self.val_fraction}/{self.test_fraction}.")
 
 
-def make_synthetic(spec: SyntheticSpec = SyntheticSpec(), seed: int = 0) -> GraphStore:
+def make_synthetic(spec: SyntheticSpec = SyntheticSpec(), seed: int = 0) -> ConvertedGraph:
     """Generates the graph deterministically from ``seed``.
 
     Edges are generated a chunk at a time, each chunk from its own seed, and go straight into
@@ -98,7 +98,7 @@ def make_synthetic(spec: SyntheticSpec = SyntheticSpec(), seed: int = 0) -> Grap
     n_train = max(1, int(spec.train_fraction * n))
     n_val = max(1, int(spec.val_fraction * n))
     n_test = max(1, int(spec.test_fraction * n))
-    return GraphStore.from_edge_chunks(
+    return ConvertedGraph.from_edge_chunks(
         name="synthetic",
         edges=edges,
         x=x,

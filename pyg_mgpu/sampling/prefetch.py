@@ -4,8 +4,8 @@ The loader's work per batch (sampling, gathering features, and on a GPU rank the
 device) runs in one thread of the rank's own process, ``depth`` batches ahead. Unlike DataLoader
 workers it needs no second process and no pickling of each batch: torch kernels release the GIL.
 It pays off where loading and training use different hardware (CPU sampling feeding a GPU) or
-spare cores; with every core already training (2 CPU ranks on 2 cores) it only took turns with
-training and gained nothing, so CPU ranks leave it off by default.
+spare cores; where every core already trains, the thread only takes turns with training, so
+CPU ranks leave it off by default (measurements in docs/architecture.md).
 
 On a GPU, the copy runs on a side CUDA stream, which first waits for the work already queued on
 the training stream; the training stream waits only for that batch's copy (an event), and the

@@ -13,6 +13,8 @@ import math
 import torch
 from torch import Tensor
 
+from pyg_mgpu.errors import ArgumentError
+
 
 def steps_per_epoch(num_items: int, world_size: int, batch_size: int) -> int:
     """Batches each rank runs per epoch: enough for the largest shard."""
@@ -27,12 +29,13 @@ def check_shardable(num_items: int, world_size: int, batch_size: int) -> None:
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}.")
     if num_items < world_size:
-        raise ValueError(f"cannot give each of {world_size} ranks at least one of {num_items} "
-                         "training nodes; use fewer ranks (--nprocs / --devices).")
+        raise ArgumentError(f"cannot give each of {world_size} ranks at least one of "
+                            f"{num_items} training nodes; use fewer ranks ({{nprocs}} / "
+                            "{devices}).")
     if batch_size == 1 and num_items % world_size:
         # The smaller shards would be one batch short, and DDP needs equal step counts.
-        raise ValueError(f"batch size 1 with {num_items} training nodes on {world_size} ranks "
-                         "leaves a rank one batch short; use --batch-size 2 or more.")
+        raise ArgumentError(f"batch size 1 with {num_items} training nodes on {world_size} "
+                            "ranks leaves a rank one batch short; use {batch_size=2} or more.")
 
 
 def epoch_permutation(num_items: int, seed: int, epoch: int) -> Tensor:

@@ -35,8 +35,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-from pyg_mgpu.distributed.launch import resolve_devices
+from pyg_mgpu.distributed.devices import resolve_devices
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
+from pyg_mgpu.train.config import in_flags
 
 SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_ckpt_every_step",
            "pyg_mgpu_ckpt_every_10_steps", "pyg_model_native_sampler", "pyg_recipe", "dgl")
@@ -154,7 +155,7 @@ def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None) -> dict:
 
 
 def run_training_bench(args, out: Path) -> dict:
-    from pyg_mgpu.sampling.loader import pyg_sampler_available
+    from pyg_mgpu.train.loaders import pyg_sampler_available
     results: dict = {}
     for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
         if system not in SYSTEMS:
@@ -199,8 +200,8 @@ def _interleaved_edges_per_s(samplers: dict, batches, count: int, sync=None,
 
     The order of the turns changes from batch to batch (:func:`balanced_orders`) so that
     each sampler comes right after each other one equally often: in a fixed order, a turn
-    right after the induced sampler's ran ~2 ms slower (on a 2-core EPYC, after its tens of
-    MB of freed temporaries), and always the same sampler paid it. Each batch opens with an
+    right after the induced sampler's runs slower (after its tens of MB of freed
+    temporaries), and always the same sampler would pay it. Each batch opens with an
     untimed turn of its first sampler, so that what the previous batch's last turn leaves
     behind is never timed either. Over a multiple of ``len(balanced_orders(n))`` batches
     (30 for the bench's 6 modes) every sampler takes every place equally often. ``evict``
@@ -245,9 +246,8 @@ def _cache_evictor(device):
     sampler's turn starts from cold caches.
 
     In training a model step runs between two batches and leaves little of the graph in
-    cache; without this, a sampler's turn starts with whatever the turn before it left in
-    cache (on a 2-core EPYC with 32 MiB L3, directional's turn went from ~4.4 to ~5.0 ms with
-    the eviction). The slowdown of a turn right after the induced sampler's is not a cache
+    cache; without this, a sampler's turn would start with whatever the turn before it left
+    in cache. The slowdown of a turn right after the induced sampler's is not a cache
     effect and stays: the order of the turns spreads it (:func:`_interleaved_edges_per_s`).
     """
     import torch
@@ -267,10 +267,10 @@ def _eviction_bytes(device) -> int:
     return max(64 << 20, 2 * cache)
 
 
-def _cpu_last_level_cache_bytes() -> int:
+def _cpu_last_level_cache_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
     """Size of CPU 0's largest cache level from Linux's sysfs, or 0 where it is not there."""
     sizes = {}
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+    for index in caches.glob("index*"):
         try:
             level = int((index / "level").read_text())
             size = (index / "size").read_text().strip()
@@ -324,9 +324,9 @@ def run_sampler_bench(args) -> dict:
     import torch
     from torch_geometric.data import Data
 
-    from pyg_mgpu.distributed.launch import usable_cores
-    from pyg_mgpu.sampling.loader import make_loader, pyg_sampler_available
+    from pyg_mgpu.distributed.host import usable_cores
     from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+    from pyg_mgpu.train.loaders import make_loader, pyg_sampler_available
 
     device = torch.device(getattr(args, "sampler_device", "cpu"))
     on_gpu = device.type == "cuda"
@@ -446,7 +446,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:  # one rank count for every system, DGL's included
         args.nprocs = len(resolve_devices(args.devices, args.nprocs))
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {in_flags(err)}", file=sys.stderr)
         return 2
     out = Path(args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)

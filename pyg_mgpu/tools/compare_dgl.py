@@ -14,7 +14,6 @@ accuracies differ by more than ``--tolerance``.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import math
@@ -28,9 +27,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.train.checkpoint import save_json, save_text
-from pyg_mgpu.train.config import ConfigError, TrainConfig
-from pyg_mgpu.distributed_sampling import build_parser as build_train_parser
-from pyg_mgpu.tools.report import RunError, load_metrics
+from pyg_mgpu.train.config import NOT_FLAGS, TrainConfig, flag_of
+from pyg_mgpu.train.plots import RunError, load_metrics
 
 SIDES = ("pyg_mgpu", "dgl")
 REPO_ROOT = Path(__file__).resolve().parents[2]  # pyg_mgpu/tools/ -> the checkout
@@ -48,6 +46,17 @@ FIXED_FLAGS = {"eval_on": "rank0", "eval_every": 1, "eval_batch_size": None, "re
 SHARED_FIELDS = {"dataset", "root", "devices", "nprocs", "epochs", "batch_size", "fanout",
                  "hidden", "dropout", "lr", "seed", "num_workers", "out", "num_nodes",
                  "num_edges", "num_features", "num_classes", *FIXED_FLAGS}
+
+
+@dataclasses.dataclass
+class CompareOptions:
+    """The comparison's own settings (the training settings are a ``TrainConfig``)."""
+    dgl_python: Optional[str] = None  # the DGL environment's python; None: build or reuse it
+    dgl_sampler: str = "dataloader"  # or "graphbolt"
+    tolerance: float = DEFAULT_TOLERANCE  # largest accepted gap in mean test accuracy
+    repeats: int = 1  # seeds per side: seed, seed + 1, ...
+    side_timeout: float = 3600.0  # seconds one training run may take
+    compare_only: Optional[tuple[Path, Path]] = None  # compare these run folders, train none
 
 
 class CompareError(ValueError):
@@ -224,70 +233,9 @@ def compare_runs(run_dirs: dict[str, Sequence[Path]]) -> dict:
 
 # Running the two sides.
 
-def build_parser() -> argparse.ArgumentParser:
-    """The main command's flags, plus the comparison's own."""
-    p = build_train_parser()
-    p.prog = "python -m pyg_mgpu.compare_dgl"
-    p.description = ("Train with pyg_mgpu and with DGL's recipe on the same data and settings; "
-                     "print and write a side-by-side table. Exit 1: a side failed; 2: bad "
-                     "input; 3: test accuracies differ by more than --tolerance.")
-    for action in p._actions:
-        if action.dest == "out":
-            action.help = ("folder for comparison.md/.json, the exported dataset and both "
-                           "sides' runs (default: runs/compare-dgl-<timestamp>)")
-    g = p.add_argument_group("comparison with DGL")
-    g.add_argument("--dgl-python", default=None,
-                   help="python of the DGL environment (default: the one benchmarks/dgl_env.sh "
-                        "builds or reuses under ~/.cache/pyg_mgpu/dgl-env)")
-    g.add_argument("--dgl-sampler", choices=["dataloader", "graphbolt"], default="dataloader",
-                   help="DGL side: DataLoader(use_ddp=True) or GraphBolt's "
-                        "DistributedItemSampler")
-    g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                   help="largest accepted absolute gap between the sides' test accuracies "
-                        "(means over the seeds)")
-    g.add_argument("--repeats", type=int, default=1,
-                   help="train each side with seeds --seed, --seed+1, ... (the dataset stays "
-                        "the one --seed makes) and compare the means")
-    g.add_argument("--side-timeout", type=float, default=3600.0,
-                   help="seconds one training run may take before it counts as failed")
-    g.add_argument("--compare-only", nargs=2, type=Path, metavar=("PYG_DIR", "DGL_DIR"),
-                   help="skip training: compare two existing run folders")
-    return p
-
-
-def _split_args(args: argparse.Namespace) -> tuple[TrainConfig, argparse.Namespace]:
-    own = {"dgl_python", "dgl_sampler", "tolerance", "repeats", "side_timeout", "compare_only"}
-    train = {k: v for k, v in vars(args).items() if k not in own}
-    rest = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in own})
-    if rest.tolerance < 0:
-        raise CompareError(f"--tolerance must be >= 0 (an absolute accuracy gap), got "
-                           f"{rest.tolerance}.")
-    if rest.repeats < 1:
-        raise CompareError(f"--repeats must be a positive integer, got {rest.repeats}.")
-    if rest.side_timeout <= 0:
-        raise CompareError(f"--side-timeout must be positive seconds, got {rest.side_timeout}.")
-    for key, value in FIXED_FLAGS.items():
-        if train[key] != value:
-            flag = "--" + key.replace("_", "-")
-            raise CompareError(f"{flag} {train[key]}: the comparison starts a fresh run and, as "
-                               "DGL's recipe does, validates on rank 0 after every epoch with "
-                               f"the training batch size; drop {flag}.")
-    weight_decay = train.get("weight_decay")  # absent: the sage recipe's 0
-    if train["model"] != "sage" or weight_decay not in (None, 0):
-        raise CompareError("the DGL variant trains GraphSAGE with plain Adam: drop --model "
-                           f"{train['model']} / --weight-decay {weight_decay or 0}, or "
-                           "compare other models without DGL (python -m pyg_mgpu.report).")
-    cfg = TrainConfig(**train)
-    if cfg.is_hetero:
-        raise CompareError(f"--dataset {cfg.dataset} is heterogeneous; the DGL variant trains "
-                           "homogeneous GraphSAGE. Compare heterogeneous runs with each other "
-                           "(python -m pyg_mgpu.report RUN_DIR ...).")
-    return cfg, rest
-
-
 def dgl_devices(cfg: TrainConfig) -> tuple[str, int]:
     """The DGL side's ``--devices`` and rank count for the main command's ``--devices``."""
-    from pyg_mgpu.distributed.launch import resolve_devices
+    from pyg_mgpu.distributed.devices import resolve_devices
 
     devices = resolve_devices(cfg.devices, cfg.nprocs)
     if devices[0].type == "cpu":
@@ -302,7 +250,7 @@ def export_dataset(cfg: TrainConfig, folder: Path) -> Path:
     """The dataset both sides read, as ``.npz`` (a ``.npz`` input is used as it is)."""
     if cfg.dataset.endswith(".npz"):
         return Path(cfg.dataset).resolve()
-    from pyg_mgpu.data.datasets import load_configured
+    from pyg_mgpu.train.dataset import load_configured
 
     graph = load_configured(cfg, for_training=False)  # DGL gets the dataset as read
     print(f"[compare] {graph.summary()}", flush=True)
@@ -315,19 +263,23 @@ def run_folder(out: Path, side: str, seed: int) -> Path:
 
 
 def pyg_only_flags(cfg: TrainConfig) -> list[str]:
-    """The main command's other flags the user set (``--sampler``, ``--amp``, ``--recipe``, ...),
-    passed on to the pyg_mgpu side only, so none is silently dropped."""
+    """The main command's other settings the user changed (``--sampler``, ``--amp``,
+    ``--recipe``, ...), as its flags, passed on to the pyg_mgpu side only, so none is silently
+    dropped (the parser's defaults are a default config's values)."""
+    defaults = TrainConfig()
     flags = []
-    for action in build_train_parser()._actions:
-        if action.dest in SHARED_FIELDS or not hasattr(cfg, action.dest):
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if (field.name in SHARED_FIELDS or field.name in NOT_FLAGS
+                or value == getattr(defaults, field.name)):
             continue
-        value = getattr(cfg, action.dest)
-        if value == action.default:
-            continue
-        if action.nargs == 0:  # an on/off switch such as --profile
-            flags.append(action.option_strings[0])
+        flag = flag_of(field.name)
+        if isinstance(value, bool):  # an on/off switch such as --profile
+            flags.append(flag)
+        elif isinstance(value, (tuple, list)):
+            flags += [flag, ",".join(map(str, value))]
         else:
-            flags += [action.option_strings[0], str(value)]
+            flags += [flag, str(value)]
     return flags
 
 
@@ -436,7 +388,7 @@ def shared_settings(cfg: TrainConfig, nprocs: int) -> dict:
             "dropout": cfg.dropout, "epochs": cfg.epochs, "seed": cfg.seed}
 
 
-def run(cfg: TrainConfig, opts: argparse.Namespace) -> tuple[dict, Verdict]:
+def run(cfg: TrainConfig, opts: CompareOptions) -> tuple[dict, Verdict]:
     out = make_out_dir(cfg.out)
     if opts.compare_only:
         pyg_dir, dgl_dir = opts.compare_only
@@ -469,24 +421,3 @@ def run(cfg: TrainConfig, opts: argparse.Namespace) -> tuple[dict, Verdict]:
     print(format_table(comparison), end="")
     print(f"{verdict.describe()}; wrote {out / 'comparison.md'} and {out / 'comparison.json'}")
     return comparison, verdict
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        cfg, opts = _split_args(args)
-        _, verdict = run(cfg, opts)
-    except (CompareError, ConfigError, RunError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SideFailed as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_SIDE_FAILED
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    return 0 if verdict.passed else EXIT_ACCURACY_GAP
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -67,19 +67,40 @@ def shm_used(shm_dir: str = "/dev/shm") -> Optional[int]:
         return None
 
 
-def tree_pss(pid: int) -> dict[int, dict[str, int]]:
+def tree_pss(pid: int, tries: int = 3) -> dict[int, dict[str, int]]:
     """:func:`read_pss` of ``pid`` and each of its descendants alive now, keyed by pid.
 
-    Processes are read one after another, not atomically: while pages change hands (a rank
-    mapping shared pages for the first time) one sample can count those pages slightly high.
+    Processes are read one after another, not atomically. When one of them ends during a
+    sample, the pages it shared move to the survivors, and the ones read after it would count
+    them at a larger share than those read before: such a sample is taken again, and after
+    ``tries`` of them ``{}`` (no sample). While pages change hands otherwise (a rank mapping
+    shared pages for the first time), one sample can still count those pages slightly high.
     """
+    for _ in range(tries):
+        pids = _living_tree(pid)
+        if not pids:
+            return {}
+        sizes = {p: read_pss(p) for p in pids}
+        if all(sizes.values()) and set(pids) <= set(_living_tree(pid)):
+            return sizes
+    return {}
+
+
+def _living_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, leaving out processes that have ended (zombies)."""
     try:
         root = psutil.Process(pid)
-        pids = [pid, *(p.pid for p in root.children(recursive=True))]
+        procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return {}
-    sizes = {p: read_pss(p) for p in pids}
-    return {p: size for p, size in sizes.items() if size}
+        return []
+    living = []
+    for proc in procs:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                living.append(proc.pid)
+        except psutil.Error:
+            pass
+    return living
 
 
 def _describe(pid: int) -> str:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -36,15 +36,15 @@ def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") ->
 
 
 def save_torch(obj: Any, path: Path) -> Path:
-    return _atomic_write(path, lambda f: torch.save(obj, f))
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def save_json(obj: Any, path: Path) -> Path:
-    return _atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
+    return atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
 
 
 def save_text(text: str, path: Path) -> Path:
-    return _atomic_write(path, lambda f: f.write(text), mode="w")
+    return atomic_write(path, lambda f: f.write(text), mode="w")
 
 
 CHECKPOINT = "checkpoint.pt"

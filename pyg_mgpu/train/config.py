@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from pyg_mgpu.errors import ArgumentError
+
 
 class ConfigError(ValueError):
     """A bad option: the message names the flag, what was given and what is accepted."""
@@ -56,6 +58,23 @@ RECIPE_FIELDS = ("lr", "hidden", "dropout", "weight_decay", "heads", "norm")
 # (mapped: the kernel may page it out, so it need not fit in RAM); auto maps when /dev/shm is
 # too small for it.
 FEATURES_ON = ("auto", "shm", "mmap")
+
+
+# Every setting is the CLI flag of its name (``feature_cache_gb``: ``--feature-cache-gb``), but
+# for these.
+_FLAG_NAMES = {"timeout_s": "--timeout"}
+# Fields that are no flag: run facts kept with the settings.
+NOT_FLAGS = ("extra", "recipe_sources")
+
+
+def flag_of(name: str) -> str:
+    """The CLI flag that sets the config field ``name``."""
+    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+
+
+def in_flags(error: BaseException) -> str:
+    """An error's message for a user of the CLI: library arguments named as their flags."""
+    return error.naming(flag_of) if isinstance(error, ArgumentError) else str(error)
 
 
 @dataclass

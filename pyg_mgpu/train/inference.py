@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.nn.sage import GraphSAGE
 from pyg_mgpu.sampling.sharding import shard_bounds
 
@@ -61,7 +61,7 @@ def _gather_layer(out: Tensor, first_row: int, slice_rows: int) -> None:
 
 
 @torch.no_grad()
-def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_size: int,
+def layerwise_logits(model: GraphSAGE, graph: ConvertedGraph, *, rank: int, world_size: int,
                      batch_size: int, device: torch.device) -> Tensor:
     """The model's logits for every node of ``graph``, each computed from all its in-neighbours.
 
@@ -140,7 +140,7 @@ def layerwise_logits(model: GraphSAGE, graph: GraphStore, *, rank: int, world_si
     return h[gathered_rows(torch.arange(num_nodes, device=device), num_nodes, world_size)]
 
 
-def exact_accuracy(logits: Tensor, graph: GraphStore, idx: Tensor) -> float:
+def exact_accuracy(logits: Tensor, graph: ConvertedGraph, idx: Tensor) -> float:
     """Accuracy of ``logits`` (one row per node of ``graph``) on the nodes ``idx``."""
     if logits.size(0) != graph.num_nodes:
         raise ValueError(f"logits have {logits.size(0)} rows; expected one per node "

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
-from pyg_mgpu.distributed.launch import RankContext
+from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
@@ -89,10 +89,8 @@ class EpochTotals:
     for one epoch.
 
     The sums stay on the batch's device, so a training step never waits for the GPU to read
-    them back (torchmetrics' metrics did, a few times per step: its NaN check and argument
-    checks read device values on the host). :meth:`compute` sums them over the ranks and
-    divides once. A NaN loss makes the epoch's loss NaN (torchmetrics dropped it with a
-    warning): a diverged run shows. The per-class counts tell a collapsed model, which predicts
+    them back. :meth:`compute` sums them over the ranks and divides once. A NaN loss makes the
+    epoch's loss NaN: a diverged run shows. The per-class counts tell a collapsed model, which predicts
     one class for every seed (:mod:`pyg_mgpu.train.health`).
     """
 
@@ -153,7 +151,7 @@ def check_equal_steps(steps: int, ctx: RankContext) -> None:
 
     A rank with fewer steps would leave the others waiting in DDP's all-reduce. The sharding
     makes the counts equal (tested); this one collective per epoch turns a bug there into an
-    error instead of a hang. (``Join``, the per-step alternative, cost ~5% of a CPU step.)
+    error instead of a hang, at one collective per epoch rather than one per step.
     """
     fewest, most = fewest_and_most(steps, ctx)
     if most != fewest:

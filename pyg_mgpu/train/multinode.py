@@ -18,10 +18,11 @@ import torch.distributed as dist
 from pyg_mgpu.train.checkpoint import save_torch
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.loop import fewest_and_most
-from pyg_mgpu.data.datasets import load_configured
-from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.train.dataset import load_configured
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_graph import HeteroGraph
-from pyg_mgpu.distributed.launch import RankContext, torchrun_process_group
+from pyg_mgpu.distributed.context import RankContext
+from pyg_mgpu.distributed.process_group import torchrun_process_group
 from pyg_mgpu.sampling.sharding import check_shardable
 
 
@@ -32,7 +33,7 @@ def _shm_path() -> Path:
     return Path("/dev/shm") / f"pyg_mgpu-{job}-{port}-node{node}.pt"
 
 
-def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore | HeteroGraph:
+def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> ConvertedGraph | HeteroGraph:
     """Local rank 0 loads the graph once; every local rank then maps one copy of it.
 
     With the graph cache (the default), local rank 0 converts or checks it and every rank maps
@@ -61,7 +62,7 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> GraphStore |
         finally:  # also when a peer failed: the file would hold a graph's worth of memory
             if ctx.local_rank == 0:
                 path.unlink(missing_ok=True)
-    return GraphStore(**state)
+    return ConvertedGraph(**state)
 
 
 def check_same_resume(cfg: TrainConfig, ctx: RankContext) -> None:
@@ -92,5 +93,5 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
         run_training(ctx, graph, cfg, str(out),
                      {"load_time_s": time.perf_counter() - start, "launcher": "torchrun"})
     if ctx.is_main:
-        from pyg_mgpu.tools.report import plot_run
+        from pyg_mgpu.train.plots import plot_run
         plot_run(out)

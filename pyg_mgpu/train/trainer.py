@@ -22,15 +22,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
-from pyg_mgpu.distributed.launch import RankContext
+from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
 from pyg_mgpu.nn.hetero import HeteroGNN
 from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.feature_cache import FeatureCache
-from pyg_mgpu.sampling.loader import make_feature_cache, make_loader, place_graph, resolve_sampler
+from pyg_mgpu.train.loaders import make_feature_cache, make_loader, place_graph, resolve_sampler
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
 from pyg_mgpu.train.checkpoint import (CHECKPOINT, StepPosition, describe, restore_checkpoint,
@@ -42,7 +42,7 @@ from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
 
-Graph = Union[GraphStore, HeteroGraph]  # a homogeneous dataset, or a heterogeneous one
+Graph = Union[ConvertedGraph, HeteroGraph]  # a homogeneous dataset, or a heterogeneous one
 
 
 @dataclass
@@ -396,9 +396,8 @@ def _run_training(ctx: RankContext, graph: Graph, cfg: TrainConfig, out_dir: str
 def _stop_compile_workers() -> None:
     """Ends inductor's pool of compile subprocesses once nothing is left to compile.
 
-    Left to the interpreter's exit, its shutdown sometimes killed a finished rank with SIGABRT
-    (2-rank ``--compile`` test runs: 3 of about 41 before this call, 0 of 23 after); PyTorch's
-    issues recommend this explicit call.
+    Left to the interpreter's exit, its shutdown can kill a finished rank with SIGABRT;
+    PyTorch's issues recommend this explicit call (docs/architecture.md, ``--compile``).
     """
     from torch._inductor import async_compile
     shutdown = getattr(async_compile, "shutdown_compile_workers", None)  # private API

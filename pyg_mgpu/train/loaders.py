@@ -19,7 +19,7 @@ from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import CSC, attach_csc, edge_type_csc
-from pyg_mgpu.data.graph import GraphStore
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
@@ -38,12 +38,12 @@ def resolve_sampler(choice: str) -> str:
     return "native" if choice == "auto" else choice
 
 
-def graph_as_data(graph: GraphStore, with_features: bool = True) -> Data:
+def graph_as_data(graph: ConvertedGraph, with_features: bool = True) -> Data:
     """The CLI's graph as the ``Data`` that :class:`NeighborLoader` takes, without copying.
 
     The loader samples from the graph's own CSC (attached, so nothing is converted); the empty
     ``edge_index`` is the slot PyG fills with each batch's sampled (row, col), and ``e_id`` are
-    positions in :meth:`GraphStore.edge_index`'s order.
+    positions in :meth:`ConvertedGraph.edge_index`'s order.
     """
     slot = torch.empty(2, 0, dtype=torch.long, device=graph.row.device)
     data = Data(y=graph.y, edge_index=slot, num_nodes=graph.num_nodes)
@@ -65,7 +65,7 @@ def hetero_as_data(graph: HeteroGraph) -> HeteroData:
     return data
 
 
-def _pyg_sampler(graph: GraphStore, fanout: Sequence[int]):
+def _pyg_sampler(graph: ConvertedGraph, fanout: Sequence[int]):
     """PyG's own sampler (pyg-lib or torch-sparse), for the PyG-recipe baseline."""
     from torch_geometric.sampler import NeighborSampler as PyGNeighborSampler
     # PyG converts the edge list to its own CSC copy (the price of its sampler).
@@ -73,8 +73,8 @@ def _pyg_sampler(graph: GraphStore, fanout: Sequence[int]):
     return PyGNeighborSampler(data, num_neighbors=list(fanout), is_sorted=False)
 
 
-def place_graph(graph: GraphStore, device: torch.device, placement: str,
-                sampler: str = "native", free_bytes: Optional[int] = None) -> GraphStore:
+def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
+                sampler: str = "native", free_bytes: Optional[int] = None) -> ConvertedGraph:
     """The graph this rank samples from: its own GPU copy when asked or when it fits, else
     the shared host copy (features then travel per batch).
 
@@ -91,10 +91,10 @@ def place_graph(graph: GraphStore, device: torch.device, placement: str,
         if graph.nbytes() > free_bytes // 2:  # half the card for activations and the allocator
             return graph
     moved = {name: t.to(device) for name, t in graph.tensors().items()}
-    return GraphStore(name=graph.name, num_classes=graph.num_classes, **moved)
+    return ConvertedGraph(name=graph.name, num_classes=graph.num_classes, **moved)
 
 
-def make_feature_cache(graph: GraphStore, device: torch.device,
+def make_feature_cache(graph: ConvertedGraph, device: torch.device,
                        budget_gb: Optional[float]) -> Optional[FeatureCache]:
     """A GPU cache of the most-sampled feature rows for a rank whose graph stayed on the host.
 
@@ -146,7 +146,7 @@ def _leave_stops_to_the_rank(worker_id: int) -> None:
     threading.Thread(target=take_signals, name="pyg_mgpu-worker-signals", daemon=True).start()
 
 
-def make_loader(graph: GraphStore | HeteroGraph, nodes: Tensor, *, fanout: Sequence[int],
+def make_loader(graph: ConvertedGraph | HeteroGraph, nodes: Tensor, *, fanout: Sequence[int],
                 sampler: str, seed: int, batch_size: int, num_workers: int = 0,
                 rank: Optional[int] = None, world_size: Optional[int] = None,
                 feature_cache: Optional[FeatureCache] = None,

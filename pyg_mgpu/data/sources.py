@@ -1,0 +1,152 @@
+"""The readers of each dataset's source files, each returning a :class:`ConvertedGraph`: Planetoid
+and Reddit through PyG, the OGB node-property datasets through OGB, and ``.npz`` files
+streamed from disk."""
+from __future__ import annotations
+
+import dataclasses
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pyg_mgpu.data.downloads import ogb_guards, run_library
+from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, ConvertedGraph
+from pyg_mgpu.data.npz import NpzArray, npz_members
+
+PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
+_PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+
+# From ogb/nodeproppred/master.csv: the file OGB checks before downloading, the split folder
+# and the archive it downloads.
+OGB = {
+    "ogbn-arxiv": ("raw/edge.csv.gz", "time",
+                   "http://snap.stanford.edu/ogb/data/nodeproppred/arxiv.zip"),
+    "ogbn-products": ("raw/edge.csv.gz", "sales_ranking",
+                      "http://snap.stanford.edu/ogb/data/nodeproppred/products.zip"),
+    "ogbn-papers100M": ("raw/data.npz", "time",
+                        "http://snap.stanford.edu/ogb/data/nodeproppred/papers100M-bin.zip"),
+}
+# Citation graphs that OGB stores one way only. DGL's and PyG's recipes train ogbn-arxiv as an
+# undirected graph; papers100M is left as stored, since doubling its 1.6B edges would add ~26 GB.
+_ADD_REVERSE_EDGES = {"ogbn-arxiv"}
+
+_NPZ_CONTENTS = ("edge_index [2, E] (int), x [N, F], y [N], train_idx, val_idx, test_idx "
+                 "(int node ids) and optionally num_classes, as ConvertedGraph.save_npz writes")
+
+
+
+def load_planetoid(name: str, root: Path) -> ConvertedGraph:
+    from torch_geometric.datasets import Planetoid
+
+    expected = [Path(name, "raw", f"ind.{name.lower()}.{f}") for f in _PLANETOID_FILES]
+    dataset = run_library(name, root, root / name, expected, Planetoid.url,
+                           lambda r: Planetoid(str(r), name))
+    return from_pyg(name.lower(), dataset)
+
+
+def load_reddit(root: Path) -> ConvertedGraph:
+    from torch_geometric.datasets import Reddit
+
+    expected = [Path("raw", "reddit_data.npz"), Path("raw", "reddit_graph.npz")]
+    dataset = run_library("reddit", root, root, expected, Reddit.url,
+                           lambda r: Reddit(str(r)))
+    return from_pyg("reddit", dataset)
+
+
+def from_pyg(name: str, dataset: Any) -> ConvertedGraph:
+    data = dataset[0]
+    return ConvertedGraph.from_edge_index(
+        name=name,
+        edge_index=data.edge_index,
+        x=data.x,
+        y=data.y,
+        train_idx=data.train_mask.nonzero().view(-1),
+        val_idx=data.val_mask.nonzero().view(-1),
+        test_idx=data.test_mask.nonzero().view(-1),
+        num_classes=dataset.num_classes,
+    )
+
+
+def load_ogb(name: str, root: Path) -> ConvertedGraph:
+    raw_file, split, url = OGB[name]
+    folder = root / name.replace("-", "_")
+    expected = [Path(folder.name, raw_file)] + [
+        Path(folder.name, "split", split, f"{s}.csv.gz") for s in ("train", "valid", "test")]
+
+    def build(r: Path) -> tuple[Any, dict]:
+        from ogb.nodeproppred import NodePropPredDataset
+
+        # OGB saves processed/ there but never creates it; its downloaded archive ships it.
+        if (r / folder.name / raw_file).exists():
+            (r / folder.name / "processed").mkdir(exist_ok=True)
+        with ogb_guards():
+            dataset = NodePropPredDataset(name, root=str(r))
+            return dataset, dataset.get_idx_split()
+
+    dataset, idx = run_library(name, root, folder, expected, url, build)
+    graph, labels = dataset[0]
+    y = np.asarray(labels).reshape(-1)
+    if np.issubdtype(y.dtype, np.floating):
+        # papers100M leaves most nodes unlabeled (NaN); ConvertedGraph takes negative labels
+        # on nodes outside every split.
+        y = np.nan_to_num(y, nan=-1.0)
+    return ConvertedGraph.from_edge_index(
+        name=name,
+        edge_index=torch.from_numpy(graph["edge_index"]),
+        x=torch.from_numpy(graph["node_feat"]),
+        y=torch.from_numpy(y.astype(np.int64)),
+        # torch.tensor copies: pandas hands out read-only arrays.
+        train_idx=torch.tensor(idx["train"], dtype=torch.long),
+        val_idx=torch.tensor(idx["valid"], dtype=torch.long),
+        test_idx=torch.tensor(idx["test"], dtype=torch.long),
+        num_classes=dataset.num_classes,
+        add_reverse=name in _ADD_REVERSE_EDGES,
+    )
+
+
+def load_npz(path: Path) -> ConvertedGraph:
+    """Reads a ``.npz`` graph without loading its edge list whole: the conversion streams
+    ``edge_index`` from the file and the features go straight into their final float32 tensor,
+    so the peak is the converted graph plus a few chunks (not an int64 copy of the edges)."""
+    def error(problem: str) -> DatasetError:
+        return DatasetError(f"{path}: {problem}. The file must contain {_NPZ_CONTENTS}.")
+
+    if not path.is_file():
+        raise error("no such file")
+    try:
+        members = {k: NpzArray(path, info) for k, info in npz_members(path).items()
+                   if k in NPZ_KEYS + ("num_classes",)}
+        missing = [k for k in NPZ_KEYS if k not in members]
+        if missing:
+            raise error(f"missing key(s) {', '.join(missing)}")
+        small = {k: torch.from_numpy(members[k].read_all()) for k in ("y",) + SPLITS}
+        num_classes = members["num_classes"].read_all() if "num_classes" in members else None
+        for key in ("edge_index",) + SPLITS:
+            if not np.issubdtype(members[key].dtype, np.integer):
+                raise error(f"{key} must hold integer node ids, got dtype {members[key].dtype}")
+        edges, features = members["edge_index"], members["x"]
+        if len(edges.shape) != 2 or edges.shape[0] != 2:
+            raise error(f"edge_index must have shape [2, num_edges], got {edges.shape}")
+        if len(features.shape) != 2 or features.shape[0] == 0:
+            raise error(f"features x must be a non-empty [num_nodes, num_features] matrix, got "
+                        f"shape {features.shape}")
+        x = features.read_into(torch.empty(features.shape, dtype=torch.float32))
+        if num_classes is not None:
+            if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):
+                raise error(f"num_classes must be one integer, got {num_classes!r}")
+            num_classes = int(num_classes)
+        # Named by the full path, validation messages say which file is wrong.
+        store = ConvertedGraph.from_edge_chunks(str(path), edges.edge_chunks(), x, small["y"],
+                                            *(small[k] for k in SPLITS),
+                                            num_classes=num_classes)
+    except DatasetError as err:
+        if "must contain" in str(err):
+            raise
+        raise DatasetError(f"{err} The file must contain {_NPZ_CONTENTS}.") from None
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, zlib.error) as err:
+        raise error(f"cannot read it as .npz ({type(err).__name__}: {err}); the file may be "
+                    "truncated or corrupt") from err
+    return dataclasses.replace(store, name=path.stem)

@@ -1,0 +1,84 @@
+"""Which devices a job's ranks run on, which backend joins them, and where the rendezvous
+listens."""
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from pyg_mgpu.errors import ArgumentError
+
+BACKENDS = ("auto", "nccl", "gloo")
+"""``auto``: NCCL on GPU ranks, gloo on CPU ranks. ``gloo`` on GPU ranks lets several ranks
+share one GPU (NCCL refuses two ranks on one device): for testing multi-rank logic on one GPU."""
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The process-group backend for a rank on ``device``: ``auto`` = NCCL on GPUs, else gloo."""
+    choice = (backend or "auto").strip().lower()
+    if choice not in BACKENDS:
+        raise ArgumentError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    if choice == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if choice == "nccl" and device.type != "cuda":
+        raise ArgumentError("{backend=nccl} needs GPU ranks ({devices=cuda}...); CPU ranks use "
+                            "gloo ({backend=auto} or gloo).")
+    return choice
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the OS picks it; never hard-coded)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def resolve_devices(devices: str, nprocs: int | None,
+                    backend: str = "auto") -> list[torch.device]:
+    """Turns ``devices``/``nprocs`` into one device per rank.
+
+    ``auto``: every visible GPU, or ``nprocs`` (default 2) CPU ranks without CUDA.
+    ``cpu``: ``nprocs`` CPU ranks (default 2). ``cuda`` or ``cuda:0,1``: those GPUs.
+    A GPU listed twice (``cuda:0,0``: two ranks sharing GPU 0) needs ``backend="gloo"``.
+    """
+    if (backend or "auto").strip().lower() not in BACKENDS:
+        raise ArgumentError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    gloo = (backend or "auto").strip().lower() == "gloo"
+    spec = devices.strip().lower()
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if nprocs is not None and nprocs < 1:
+        raise ArgumentError(f"{{nprocs={nprocs}}}: a job needs at least 1 rank.")
+    if spec == "cpu":
+        resolve_backend(backend, torch.device("cpu"))  # nccl: say why not
+        return [torch.device("cpu")] * (nprocs or 2)
+    if not spec.startswith("cuda"):
+        raise ArgumentError(f"{{devices}} must be auto, cpu, cuda or cuda:0,1,...; got "
+                            f"{devices!r}.")
+    available = torch.cuda.device_count()
+    if available == 0:
+        raise ArgumentError(f"{{devices={devices}}} asks for GPUs but CUDA sees none; use "
+                            "{devices=cpu} {nprocs=N}.")
+    if spec == "cuda":
+        ids = list(range(nprocs or available))
+    else:
+        try:
+            ids = [int(part) for part in spec.split(":", 1)[1].split(",")]
+        except ValueError:
+            raise ArgumentError(f"{{devices={devices}}}: expected cuda:0,1,... with integer ids.")
+    if len(set(ids)) != len(ids) and not gloo:
+        raise ArgumentError(f"{{devices={devices}}} lists a GPU twice: NCCL refuses two ranks "
+                            "on one GPU; add {backend=gloo} to share a GPU between ranks (for "
+                            "testing multi-rank logic on one GPU).")
+    if max(ids) >= available or min(ids) < 0:
+        raise ArgumentError(f"{{devices={devices}}} asks for GPU {max(ids)} but only "
+                            f"{available} GPU(s) are visible (ids 0..{available - 1}).")
+    if nprocs is not None and nprocs != len(ids):
+        raise ArgumentError(f"{{nprocs={nprocs}}} disagrees with {{devices={devices}}} "
+                            f"({len(ids)} GPU(s)); drop {{nprocs}} or list {nprocs} GPUs.")
+    return [torch.device("cuda", i) for i in ids]

@@ -1,0 +1,155 @@
+"""The launcher's side of a running job: stop signals forwarded to the ranks, the ranks watched
+until all have ended or one failed, and the outcome turned into :class:`RankFailed` or
+:class:`JobStopped`."""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+from pyg_mgpu.distributed import stop
+from pyg_mgpu.distributed.context import JobStopped, RankFailed
+from pyg_mgpu.distributed.reports import done_reports, failure_reports, stop_reports
+
+LAUNCHER_GRACE_MARGIN_S = 2.0
+
+
+class LauncherSignals:
+    """The launcher's stop-signal handlers, for the time its ranks run.
+
+    The first SIGTERM, SIGINT or SIGHUP is forwarded to every rank and starts the grace period;
+    a second one ends the grace period at once.
+    """
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.signum = 0
+        self.deadline: Optional[float] = None
+        self.processes: list = []
+        self._previous: dict = {}
+
+    def __enter__(self) -> "LauncherSignals":
+        # Python runs handlers in the main thread only; spawn() called from another thread
+        # keeps the process's own handling (the ranks still stop when the process dies).
+        if threading.current_thread() is threading.main_thread():
+            for signum in stop.handled_signals():
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.signum:  # a second signal: no more waiting
+            self.deadline = time.monotonic()
+            return
+        self.signum = signum
+        # Each rank's own watchdog ends it after grace_s; this is the backstop for a rank whose
+        # watchdog cannot run (a C call that never releases the GIL).
+        self.deadline = time.monotonic() + self.grace_s + LAUNCHER_GRACE_MARGIN_S
+        self.forward()
+
+    def forward(self) -> None:
+        for process in self.processes:
+            if process.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, self.signum)
+
+
+class Outcome:
+    """How the ranks ended: the first that failed (index, exit code) and the ones killed."""
+
+    def __init__(self):
+        self.first_failed: Optional[tuple[int, int]] = None
+        self.killed_after_grace: list[int] = []
+        self.exit_codes: list[Optional[int]] = []
+        # Ranks already dead by a signal when the first failure was seen (none the launcher
+        # sent): the kernel's OOM killer, a user's kill -9, a crash.
+        self.killed_by_signal: list[int] = []
+
+
+def watch_ranks(processes: list, signals: LauncherSignals) -> Outcome:
+    """Waits for every rank. The first to fail takes the others with it at once (they cannot
+    finish without it); after a stop signal, ranks still running past the grace period are
+    killed."""
+    outcome = Outcome()
+    while True:
+        running = [p for p in processes if p.exitcode is None]
+        if running:
+            multiprocessing.connection.wait([p.sentinel for p in running], timeout=0.25)
+        # Scanned after `running` was taken, so ranks that all end at once are still seen.
+        for index, process in enumerate(processes):
+            if process.exitcode not in (None, 0) and outcome.first_failed is None:
+                outcome.first_failed = (index, process.exitcode)
+                outcome.killed_by_signal = [i for i, p in enumerate(processes)
+                                            if p.exitcode is not None and p.exitcode < 0]
+                kill(processes)
+        if not running:
+            outcome.exit_codes = [p.exitcode for p in processes]
+            return outcome
+        if signals.deadline is not None and time.monotonic() >= signals.deadline:
+            outcome.killed_after_grace += [i for i, p in enumerate(processes)
+                                           if p.exitcode is None]
+            kill(processes)
+
+
+def kill(processes: list) -> None:
+    for process in processes:
+        if process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+    for process in processes:
+        process.join()
+
+
+def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
+               grace_s: float) -> None:
+    """Turns how the ranks ended into RankFailed, JobStopped, or nothing (all finished).
+
+    A rank that raised is reported even during a stop: its error (a full disk while writing
+    the stop's checkpoint, say) is what the user must see.
+    """
+    reports = failure_reports(report_dir)
+    during = f" (while stopping on {stop.signal_name(launcher_signal)})" \
+        if launcher_signal else ""
+    killed = [i for i in outcome.killed_by_signal if i not in reports]
+    if killed:  # the cause: a peer's report is then the lost connection it left behind
+        index = killed[0]
+        then = "".join(f"; then rank {r} failed: {reports[r][1].strip().splitlines()[-1]}"
+                       for r in sorted(reports))
+        raise RankFailed(_killed_message(index, outcome.exit_codes[index]) + during + then)
+    if reports:  # it raised: name the earliest of the ranks that did
+        rank = min(reports, key=lambda r: reports[r][0])
+        raise RankFailed(f"rank {rank} failed{during}:\n{reports[rank][1]}")
+    stopped = stop_reports(report_dir)
+    # Ranks whose own watchdog ended them after the grace period (exit code 128 + signal).
+    overdue = {i: code - 128 for i, code in enumerate(outcome.exit_codes)
+               if code is not None and code - 128 in stop.STOP_SIGNALS}
+    signum = (launcher_signal or next(iter(stopped.values()), 0)
+              or next(iter(overdue.values()), 0))
+    if signum:
+        if len(done_reports(report_dir)) == len(outcome.exit_codes):
+            # The signal came as the ranks finished: the job did all its work.
+            print(f"pyg_mgpu: {stop.signal_name(signum)} arrived as the ranks finished; the "
+                  "job completed", file=sys.stderr, flush=True)
+            return
+        raise JobStopped(signum, sorted(set(outcome.killed_after_grace) | set(overdue)),
+                         grace_s)
+    if outcome.first_failed is None:
+        return
+    index, code = outcome.first_failed
+    if code < 0:
+        raise RankFailed(_killed_message(index, code))
+    raise RankFailed(f"rank {index} exited with code {code}")
+
+
+def _killed_message(index: int, code: int) -> str:
+    name = signal.Signals(-code).name
+    hint = " (out of memory is a common cause of SIGKILL)" if name == "SIGKILL" else ""
+    return f"rank {index} was killed by signal {name}{hint}"

@@ -1,0 +1,45 @@
+"""The graph a run's config names: the one place the launchers and the DGL comparison turn a
+:class:`~pyg_mgpu.train.config.TrainConfig` into a dataset."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from pyg_mgpu.data.cache import default_cache_dir
+from pyg_mgpu.data.datasets import load_graph
+from pyg_mgpu.data.graph import ConvertedGraph
+from pyg_mgpu.data.hetero_datasets import load_hetero_graph
+from pyg_mgpu.data.hetero_graph import HeteroGraph
+from pyg_mgpu.data.synthetic import SyntheticSpec
+from pyg_mgpu.train.config import TrainConfig
+
+
+def load_configured(cfg: TrainConfig, *, for_training: bool = True,
+                    placement: Optional[str] = None) -> ConvertedGraph | HeteroGraph:
+    """The dataset a run's config names (dataset, root, seed, the synthetic size and the cache
+    settings). A heterogeneous dataset
+    (:data:`~pyg_mgpu.data.hetero_datasets.HETERO_DATASETS`) comes as a
+    :class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`, read without the converted-graph cache.
+
+    ``for_training`` applies the run's storage choices (bf16 features with ``--amp bf16``);
+    exports for other tools (the DGL comparison) leave it off and get the dataset as read.
+    ``placement`` overrides ``--features-on`` (see :data:`pyg_mgpu.data.cache.PLACEMENTS`).
+    """
+    if cfg.is_hetero:
+        return load_hetero_graph(cfg.dataset, cfg.root, seed=cfg.seed)
+    spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
+                         num_features=cfg.num_features, num_classes=cfg.num_classes,
+                         train_fraction=cfg.split_fractions[0],
+                         val_fraction=cfg.split_fractions[1],
+                         test_fraction=cfg.split_fractions[2])
+    # The bf16 model reads its first layer's inputs in bf16 anyway (autocast rounds the
+    # neighbour mean and the node's own row): stored so, the features take half the shared
+    # memory and every batch gathers half the bytes (torch accumulates the mean in float32).
+    bf16 = for_training and cfg.amp == "bf16"
+    if placement is None and not cfg.no_cache and cfg.features_on != "auto":
+        placement = cfg.features_on  # shm or mmap; auto stays None
+    return load_graph(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec,
+                      feature_dtype=torch.bfloat16 if bf16 else torch.float32,
+                      cache_dir=None if cfg.no_cache else (cfg.cache_dir or default_cache_dir()),
+                      placement=placement, log=lambda line: print(line, flush=True))

@@ -1,0 +1,127 @@
+"""A run folder's figures, drawn as the run ends: ``curves.png`` and ``epoch_time.png`` from its
+``metrics.json``. Figures are drawn on matplotlib's Agg canvas directly (no pyplot), so nothing
+needs a display and importing this module changes no global matplotlib state.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from pyg_mgpu.train.checkpoint import atomic_write
+
+RUN_HINT = "pass a folder written by `python -m pyg_mgpu.distributed_sampling --out DIR`"
+
+
+class RunError(ValueError):
+    """A folder given as a run is missing, incomplete or unreadable."""
+
+
+def load_metrics(run_dir: Path) -> dict:
+    """Reads and sanity-checks ``run_dir/metrics.json``.
+
+    Args:
+        run_dir: A run folder.
+
+    Returns:
+        The metrics dict, with a non-empty ``epochs`` list.
+
+    Raises:
+        RunError: The folder or file is missing, or the file is not a run's metrics.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.json"
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir}: no such folder; {RUN_HINT}")
+    if not path.is_file():
+        raise RunError(f"{run_dir}: has no metrics.json (did the run finish?); {RUN_HINT}")
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{path}: cannot be read as JSON ({e}); {RUN_HINT}") from None
+    records = metrics.get("epochs") if isinstance(metrics, dict) else None
+    if not records or not isinstance(records, list) \
+            or not all(isinstance(r, dict) and "epoch" in r for r in records):
+        raise RunError(f"{path}: has no per-epoch records under 'epochs'; {RUN_HINT}")
+    return metrics
+
+
+def series(metrics: dict, key: str) -> tuple[list[int], list[float]]:
+    """(epochs, values) for one per-epoch field, skipping epochs where it is null/absent."""
+    points = [(r["epoch"], r[key]) for r in metrics["epochs"] if r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)  # attaches the Agg canvas: PNG rendering without a display
+    fig.tight_layout()
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Writes ``curves.png`` and ``epoch_time.png`` into a run folder.
+
+    ``curves.png`` shows train loss and train/val accuracy per epoch; ``epoch_time.png`` shows
+    train and eval seconds per epoch (stacked), and rank 0's per-stage training seconds when the
+    run recorded them. Epochs without validation are skipped on the val curve.
+
+    Args:
+        run_dir: A run folder holding ``metrics.json``.
+
+    Returns:
+        The paths written.
+
+    Raises:
+        RunError: ``run_dir`` holds no usable ``metrics.json``.
+    """
+    run_dir = Path(run_dir)
+    metrics = load_metrics(run_dir)
+    epochs = [r["epoch"] for r in metrics["epochs"]]
+
+    fig = Figure(figsize=(10, 4))
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    loss_ax.plot(*series(metrics, "train_loss"), marker="o")
+    loss_ax.set(title="train loss", xlabel="epoch", ylabel="cross-entropy")
+    for key, label in (("train_acc", "train"), ("val_acc", "val")):
+        acc_ax.plot(*series(metrics, key), marker="o", label=label)
+    acc_ax.set(title="accuracy", xlabel="epoch", ylabel="accuracy")
+    acc_ax.legend()
+    epoch_axis(loss_ax, epochs)
+    epoch_axis(acc_ax, epochs)
+    fig.suptitle(run_dir.name)
+    curves = save_figure(fig, run_dir / "curves.png")
+
+    stage_names = list(dict.fromkeys(s for r in metrics["epochs"]
+                                     for s in r.get("stage_times_s") or {}))
+    fig = Figure(figsize=(10 if stage_names else 5, 4))
+    axes = fig.subplots(1, 2 if stage_names else 1, squeeze=False)[0]
+    _stacked_bars(axes[0], epochs, {
+        "train": [r.get("epoch_time_s") or 0.0 for r in metrics["epochs"]],
+        "eval": [r.get("eval_time_s") or 0.0 for r in metrics["epochs"]]})
+    axes[0].set(title="seconds per epoch", xlabel="epoch", ylabel="seconds")
+    if stage_names:
+        _stacked_bars(axes[1], epochs, {
+            s: [(r.get("stage_times_s") or {}).get(s, 0.0) for r in metrics["epochs"]]
+            for s in stage_names})
+        axes[1].set(title="training stages (rank 0)", xlabel="epoch", ylabel="seconds")
+    fig.suptitle(run_dir.name)
+    epoch_time = save_figure(fig, run_dir / "epoch_time.png")
+    return [curves, epoch_time]
+
+
+def _stacked_bars(ax, epochs: list[int], parts: dict[str, list[float]]) -> None:
+    bottom = [0.0] * len(epochs)
+    for label, values in parts.items():
+        ax.bar(epochs, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    epoch_axis(ax, epochs)
+    ax.legend()
+
+
+def epoch_axis(ax, epochs: list[int]) -> None:
+    if len(epochs) <= 20:  # whole-epoch ticks; matplotlib would otherwise show 1.5, 2.5, ...
+        ax.set_xticks(epochs)
+    ax.grid(alpha=0.3)
+    ax.set_axisbelow(True)
