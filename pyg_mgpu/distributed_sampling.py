@@ -228,7 +228,7 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.train.dataset import load_configured
     from pyg_mgpu.distributed.devices import launched_by_torchrun, resolve_devices
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
-    from pyg_mgpu.distributed.launch import launch_local
+    from pyg_mgpu.distributed.launch import spawn
     from pyg_mgpu.train.loaders import resolve_sampler
     from pyg_mgpu.sampling.sharding import check_shardable
 
@@ -255,9 +255,9 @@ def run(cfg: TrainConfig) -> Path:
     release_free_heap()
     from pyg_mgpu.train.trainer import run_training
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
-    launch_local(run_training, devices, args=(graph, cfg, str(out), {"load_time_s": load_s}),
-                 timeout_s=cfg.timeout_s, tune_allocator=cfg.recipe == "pyg_mgpu",
-                 backend=cfg.backend, grace_s=cfg.grace_s)
+    spawn(run_training, args=(graph, cfg, str(out), {"load_time_s": load_s}),
+          devices=cfg.devices, nprocs=cfg.nprocs, timeout_s=cfg.timeout_s, backend=cfg.backend,
+          grace_s=cfg.grace_s, tune_allocator=cfg.recipe == "pyg_mgpu")
     from pyg_mgpu.train.plots import plot_run
     plot_run(out)
     return out

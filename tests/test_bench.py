@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pyg_mgpu.tools import bench
+from pyg_mgpu.tools import bench, sampler_bench
 from pyg_mgpu.train.loaders import pyg_sampler_available
 
 TINY = ["--num-nodes", "3000", "--num-edges", "30000", "--num-features", "8",
@@ -86,8 +86,8 @@ def test_interleaved_turns_let_each_sampler_follow_each_other_equally_often():
     for names in (["a", "b", "c"], ["a", "b", "c", "d"]):
         calls.clear()
         evictions = []
-        batches = len(bench.balanced_orders(len(names)))
-        rates = bench._interleaved_edges_per_s({n: Recorder(n) for n in names},
+        batches = len(sampler_bench.balanced_orders(len(names)))
+        rates = sampler_bench._interleaved_edges_per_s({n: Recorder(n) for n in names},
                                                range(batches + 1), batches,
                                                evict=lambda: evictions.append(len(calls)))
         assert set(rates) == set(names) and all(r > 0 for r in rates.values())
@@ -108,22 +108,22 @@ def test_last_level_cache_is_read_from_sysfs(tmp_path):
         folder.mkdir()
         (folder / "level").write_text(f"{level}\n")
         (folder / "size").write_text(f"{size}\n")
-    assert bench._cpu_last_level_cache_bytes(tmp_path) == 32 << 20
-    assert bench._cpu_last_level_cache_bytes(tmp_path / "absent") == 0
+    assert sampler_bench._cpu_last_level_cache_bytes(tmp_path) == 32 << 20
+    assert sampler_bench._cpu_last_level_cache_bytes(tmp_path / "absent") == 0
 
 
 @pytest.mark.parametrize("cache_mb, evicted_mb", [(0, 64), (16, 64), (48, 96)])
 def test_cache_eviction_covers_twice_the_last_level_cache(monkeypatch, cache_mb, evicted_mb):
     import torch
-    monkeypatch.setattr(bench, "_cpu_last_level_cache_bytes", lambda: cache_mb << 20)
-    assert bench._eviction_bytes(torch.device("cpu")) == evicted_mb << 20
+    monkeypatch.setattr(sampler_bench, "_cpu_last_level_cache_bytes", lambda: cache_mb << 20)
+    assert sampler_bench._eviction_bytes(torch.device("cpu")) == evicted_mb << 20
 
 
 @pytest.mark.slow
 def test_sampler_bench_reports_edges_per_second(tmp_path):
     assert bench.main(TINY + ["--sampler-only", "--batches", "3", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
-    for mode in bench.SAMPLER_MODES:
+    for mode in sampler_bench.SAMPLER_MODES:
         assert results[f"{mode}_1_thread"] > 0, mode
         assert results[f"{mode}_vs_directional"] > 0, mode
     assert results["temporal_1_thread"] > 0 and results["temporal_vs_disjoint"] > 0

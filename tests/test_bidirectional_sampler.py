@@ -74,7 +74,7 @@ def test_fanout_bounds_each_direction():
 @pytest.mark.parametrize("options", [{}, {"replace": True}, {"disjoint": True}])
 def test_loader_batches_name_the_callers_nodes_and_edges(options):
     data = random_graph()
-    fanout = [4] if options.get("disjoint") else [4, 3]
+    fanout = [4, 3]
     sampler = pyg_mgpu.BidirectionalNeighborSampler(data, fanout, seed=0, **options)
     loader = pyg_mgpu.NeighborLoader(data, fanout, batch_size=16, neighbor_sampler=sampler)
     for batch in loader:
@@ -104,15 +104,39 @@ def test_refuses_what_pyg_refuses():
         pyg_mgpu.BidirectionalNeighborSampler(data, [2], time_attr="time")
 
 
-def test_disjoint_trees_take_one_hop():
-    data = random_graph()
-    with pytest.raises(ValueError, match="one hop only"):
-        pyg_mgpu.BidirectionalNeighborSampler(data, [2, 2], disjoint=True)
-    sampler = pyg_mgpu.BidirectionalNeighborSampler(data, [-1], disjoint=True, seed=0)
-    out = sample(sampler, [0, 1, 2])
-    ei = data.edge_index
-    for tree, seed in enumerate([0, 1, 2]):
-        nodes = out.node[out.batch == tree]
-        touching = (ei[0] == seed) | (ei[1] == seed)
-        expected = set(ei[0, touching].tolist()) | set(ei[1, touching].tolist()) | {seed}
-        assert sorted(nodes.tolist()) == sorted(expected)
+@pytest.mark.parametrize("seeds", [[0, 1, 2], [5, 5, 9]])
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+def test_disjoint_trees_are_each_seeds_own_undirected_neighbourhood(seeds, dtype):
+    # Every hop of every tree, also past the first: each tree holds exactly its seed's
+    # undirected neighbourhood, each (tree, node) and each (tree, edge) once, true edges only.
+    data = random_graph(num_nodes=60, num_edges=150, dtype=dtype)
+    sampler = pyg_mgpu.BidirectionalNeighborSampler(data, [-1, -1, -1], disjoint=True, seed=0)
+    out = sample(sampler, seeds)
+    ei = data.edge_index.long()
+    assert out.batch[:len(seeds)].tolist() == list(range(len(seeds)))
+    assert out.node[:len(seeds)].tolist() == seeds
+    row, col, edge = out.row.long(), out.col.long(), out.edge.long()
+    assert torch.equal(out.batch[row], out.batch[col])  # no edge joins two trees
+    assert torch.equal(out.node[row], ei[0, edge]) and torch.equal(out.node[col], ei[1, edge])
+    for tree, seed in enumerate(seeds):
+        nodes, edges = undirected_reach(data, [seed], hops=3)
+        in_tree = out.batch == tree
+        assert sorted(out.node[in_tree].tolist()) == sorted(nodes)
+        assert sorted(edge[out.batch[col] == tree].tolist()) == sorted(edges)
+    assert sum(out.num_sampled_nodes) == out.node.numel()
+    assert sum(out.num_sampled_edges) == out.edge.numel()
+    assert len(out.num_sampled_nodes) == 2 * 2 * 3 and len(out.num_sampled_edges) == 2 * 3
+
+
+def test_disjoint_trees_match_pygs_expected_batches():
+    # The graph and expected output of PyG's test_bidirectional_neighbor_sampler (disjoint):
+    # Alice (0) -> Bob (1), Alice -> Carol (2), Carol -> Dave (3); seeds Bob and Dave.
+    data = Data(edge_index=torch.tensor([[0, 0, 2], [1, 2, 3]]), num_nodes=4)
+    out = sample(pyg_mgpu.BidirectionalNeighborSampler(data, [2, 2, 2, 2], disjoint=True,
+                                                       seed=0), [1, 3])
+    assert out.node.tolist() == [1, 3, 0, 2, 0, 2, 1, 3]
+    assert out.batch.tolist() == [0, 1, 0, 1, 1, 0, 1, 0]
+    assert out.row.tolist() == [2, 3, 4, 2, 4, 5] and out.col.tolist() == [0, 1, 3, 5, 6, 7]
+    assert out.edge.tolist() == [0, 2, 1, 1, 0, 2]
+    assert out.num_sampled_nodes == [2, 2, 0, 0, 0, 1, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0]
+    assert out.num_sampled_edges == [2, 0, 1, 1, 0, 2, 0, 0]

@@ -64,9 +64,55 @@ def test_leaving_early_stops_the_thread():
     assert not prefetcher._thread.is_alive()
 
 
-def test_rejects_a_depth_below_one():
+def test_rejects_a_negative_depth():
     with pytest.raises(ValueError, match="depth"):
-        Prefetcher(batches(1), CPU, depth=0)
+        Prefetcher(batches(1), CPU, depth=-1)
+
+
+class Clock:
+    """A stage clock that records its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def add(self, stage, seconds):
+        self.calls.append(("add", stage))
+
+    def lap(self, stage):
+        self.calls.append(("lap", stage))
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_snapshots_come_with_the_batch_drawn_after_them(depth):
+    drawn = []
+
+    def counting(n):
+        for b in batches(n):
+            drawn.append(threading.current_thread().name)
+            yield b
+    with Prefetcher(counting(4), CPU, depth, snapshot=lambda: len(drawn)) as prefetcher:
+        got = []
+        while (batch := prefetcher.next()) is not None:
+            got.append((int(batch.x[0, 0]), prefetcher.last_snapshot))
+    # Batch i was drawn when i batches had been drawn before it.
+    assert got == [(i, i) for i in range(4)]
+    in_thread = threading.current_thread().name
+    assert set(drawn) == ({in_thread} if depth == 0 else {"pyg_mgpu-prefetch"})
+
+
+def test_depth_0_splits_loading_into_sampling_and_gathering():
+    clock, sampled = Clock(), [0.0]
+
+    def sampling(n):
+        for b in batches(n):
+            sampled[0] += 1.0
+            yield b
+    prefetcher = Prefetcher(sampling(2), CPU, 0, timer=clock, sampling_clock=lambda: sampled[0])
+    assert list(prefetcher) and len(clock.calls) == 3 * 2  # two batches and the end
+    assert clock.calls[:2] == [("add", "sample"), ("lap", "gather")]
+    waiting = Clock()
+    assert list(Prefetcher(batches(2), CPU, 1, timer=waiting))
+    assert waiting.calls == [("lap", "load")] * 3
 
 
 @pytest.mark.gpu

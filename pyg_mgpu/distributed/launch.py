@@ -115,7 +115,8 @@ def share_args(args: Sequence) -> None:
 
 def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
           nprocs: int | None = None, timeout_s: float | None = None,
-          backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S) -> None:
+          backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S, *,
+          tune_allocator: bool = True) -> None:
     """Runs ``fn(ctx, *args)`` on one rank per device, in a process group, and waits for them.
 
     ``ctx`` is a :class:`RankContext`: ``rank``, ``world_size``, ``device`` (already the
@@ -153,6 +154,9 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
             :class:`~pyg_mgpu.distributed.stop.StopSignal` (a ``KeyboardInterrupt``, raised
             once), or, inside ``with stop.graceful():``, is only recorded for
             ``fn`` to poll (``stop.requested()``) and end cleanly.
+        tune_allocator: Spawned ranks keep glibc's freed large blocks for reuse and use
+            transparent huge pages (:func:`~pyg_mgpu.distributed.host.tune_cpu_allocator`);
+            False leaves the allocator as a plain script has it (for baselines).
 
     Raises:
         RankFailed: when a rank raises or dies; the other ranks are killed at once and
@@ -178,4 +182,4 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
     rank_devices = resolve_devices(devices, nprocs, backend)
     share_args(args)
     launch_local(fn, rank_devices, args=tuple(args), timeout_s=timeout_s, backend=backend,
-                 grace_s=grace_s)
+                 grace_s=grace_s, tune_allocator=tune_allocator)

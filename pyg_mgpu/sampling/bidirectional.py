@@ -4,6 +4,8 @@ Each hop draws the in-neighbours (``sample_direction="forward"``) and the out-ne
 (``"backward"``) of the frontier, merges the two, and makes the nodes not seen before the next
 frontier: PyG's own algorithm (its ``_sample``, ``SamplerOutput.merge_with`` and ``collate``),
 fed by two :class:`~pyg_mgpu.sampling.neighbor_sampler.NeighborSampler` s instead of pyg-lib.
+With ``disjoint=True`` every frontier node carries its tree through the hops, which PyG's
+algorithm loses after the first; the batches are those PyG's tests expect of it.
 
 One difference from PyG, on purpose: PyG merges the two directions' edge ids as each sampler
 numbers them (positions in the graph sorted by destination, and by source), then names them all
@@ -24,6 +26,7 @@ from torch_geometric.sampler.base import NumNeighbors, SubgraphType
 
 from pyg_mgpu.sampling import remote
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.sampling.tree_ids import assign_local_ids
 
 
 class _CallerEdgeIds(NeighborSampler):
@@ -52,8 +55,8 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
             PyG's per-edge-type dict is refused, as PyG refuses it.
         subgraph_type, replace, weight_attr, is_sorted, share_memory, directed:
             As for :class:`pyg_mgpu.NeighborSampler`, applied in both directions.
-        disjoint: One tree per seed, told apart by the seed node (a seed listed twice gives
-            one tree, as in PyG's merge); one hop only (past it PyG's algorithm mixes trees).
+        disjoint: One tree per seed position, over every hop (PyG's own algorithm mixes
+            trees after the first hop).
         temporal_strategy, time_attr: Temporal sampling is refused (PyG's class refuses it
             too); :class:`pyg_mgpu.NeighborSampler` does it.
         seed: Seed of the two samplers' random generators (the backward one takes
@@ -77,22 +80,13 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
                                              batch_size=128, input_nodes=data.train_mask)
     """
 
-    def __init__(
-        self,
-        data: Data,
-        num_neighbors,
-        subgraph_type: Union[SubgraphType, str] = "directional",
-        replace: bool = False,
-        disjoint: bool = False,
-        temporal_strategy: str = "uniform",
-        time_attr: Optional[str] = None,
-        weight_attr: Optional[str] = None,
-        is_sorted: bool = False,
-        share_memory: bool = False,
-        directed: bool = True,
-        *,
-        seed: Optional[int] = None,
-    ):
+    # PyG's signature, that of NeighborSampler without sample_direction.
+    def __init__(self, data: Data, num_neighbors,
+                 subgraph_type: Union[SubgraphType, str] = "directional", replace: bool = False,
+                 disjoint: bool = False, temporal_strategy: str = "uniform",
+                 time_attr: Optional[str] = None, weight_attr: Optional[str] = None,
+                 is_sorted: bool = False, share_memory: bool = False, directed: bool = True,
+                 *, seed: Optional[int] = None):
         # PyG's __init__ is not called: it would build PyG's own two samplers.
         if isinstance(data, HeteroData) or remote.is_hetero_remote(data):
             raise ValueError("BidirectionalNeighborSampler samples homogeneous graphs (as PyG's "
@@ -119,20 +113,66 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
                                                seed=seed + 1, **settings)
         self.num_neighbors = num_neighbors  # PyG's setter (it warns above one hop, as PyG does)
         self.subgraph_type = subgraph_type
-        self._check_disjoint_hops()
-
-    def _check_disjoint_hops(self) -> None:
-        # PyG's algorithm looks up the next frontier's trees by the samplers' batch ids, which
-        # number the current frontier, not the trees: past the first hop it fails or mixes trees.
-        if self.disjoint and self.num_neighbors.num_hops > 1:
-            raise ValueError("BidirectionalNeighborSampler with disjoint=True samples one hop "
-                             "only: PyG's algorithm, which it runs, loses track of the trees "
-                             "after the first hop. Use disjoint=False, or num_neighbors with "
-                             "one entry.")
 
     def _sample(self, seed, seed_time=None, **kwargs) -> SamplerOutput:
-        self._check_disjoint_hops()  # loaders may have reassigned num_neighbors
-        return super()._sample(seed, seed_time, **kwargs)
+        if not self.disjoint:
+            return super()._sample(seed, seed_time, **kwargs)
+        return self._sample_trees(seed)
+
+    def _sample_trees(self, seed: Tensor) -> SamplerOutput:
+        """PyG's bidirectional walk with one tree per seed: each hop samples the frontier in
+        both directions, and a node or edge is new when its (tree, node) or (tree, edge) pair
+        is. PyG's own algorithm looks up the next frontier's trees by the wrong index and
+        mixes trees after the first hop; here every frontier node carries its tree.
+
+        As PyG's: nodes in order of first appearance (each hop forward, then backward), each
+        call to a direction's sampler adds two entries to ``num_sampled_nodes`` (its seeds,
+        its new nodes; counted when not seen before) and one to ``num_sampled_edges``.
+        """
+        index_dtype = self.forward_sampler.index_dtype
+        seed = seed.to(self.forward_sampler.device, torch.long)
+        num_nodes, num_edges = self.forward_sampler.num_nodes, self.forward_sampler.row.numel()
+        node_keys = torch.empty(0, dtype=torch.long, device=seed.device)  # by local id
+        edge_keys = node_keys
+        nodes, batches, rows, cols, edges = [], [], [], [], []
+        num_sampled_nodes, num_sampled_edges = [], []
+        frontier, frontier_tree = seed, torch.arange(seed.numel(), device=seed.device)
+        for fanout in self.num_neighbors.values:
+            next_frontier, next_tree = [], []
+            for sampler in (self.forward_sampler, self.backward_sampler):
+                sampler.num_neighbors = [fanout]
+                out = sampler._sample(frontier)
+                tree = frontier_tree.index_select(0, out.batch.long())
+                keys = tree * num_nodes + out.node.long()
+                local, is_new = assign_local_ids(keys, node_keys)
+                new = is_new.nonzero().squeeze(1)
+                node_keys = torch.cat([node_keys, keys.index_select(0, new)])
+                next_frontier.append(out.node.long().index_select(0, new))
+                next_tree.append(tree.index_select(0, new))
+                num_seeds = frontier.numel()
+                num_sampled_nodes += [int(is_new[:num_seeds].sum()),
+                                      int(is_new[num_seeds:].sum())]
+                # An edge of a tree is new once, whichever direction or hop drew it.
+                edge = out.edge.long()
+                keys = tree.index_select(0, out.col.long()) * num_edges + edge
+                _, edge_is_new = assign_local_ids(keys, edge_keys)
+                kept = edge_is_new.nonzero().squeeze(1)
+                edge_keys = torch.cat([edge_keys, keys.index_select(0, kept)])
+                rows.append(local.index_select(0, out.row.long().index_select(0, kept)))
+                cols.append(local.index_select(0, out.col.long().index_select(0, kept)))
+                edges.append(edge.index_select(0, kept))
+                num_sampled_edges.append(kept.numel())
+            nodes += next_frontier
+            batches += next_tree
+            frontier, frontier_tree = torch.cat(next_frontier), torch.cat(next_tree)
+        # The loaders read the samplers' num_neighbors as one list for the whole walk.
+        self.forward_sampler.num_neighbors = self.num_neighbors
+        self.backward_sampler.num_neighbors = self.num_neighbors
+        return SamplerOutput(
+            node=torch.cat(nodes).to(index_dtype), row=torch.cat(rows).to(index_dtype),
+            col=torch.cat(cols).to(index_dtype), edge=torch.cat(edges).to(index_dtype),
+            batch=torch.cat(batches).to(index_dtype), num_sampled_nodes=num_sampled_nodes,
+            num_sampled_edges=num_sampled_edges)
 
     @property
     def edge_permutation(self) -> None:

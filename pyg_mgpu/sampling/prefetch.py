@@ -1,4 +1,8 @@
-"""Prepare the next batches in a background thread while the current one trains.
+"""The next batch for the training loop: loaded when asked (depth 0), or prepared in a
+background thread while the current one trains (depth 1 or more).
+
+Either way the :class:`Prefetcher` records, for a checkpoint, the sampler's state from before
+the batch it hands out was drawn, and times the loading on the loop's stage clock.
 
 The loader's work per batch (sampling, gathering features, and on a GPU rank the copy to the
 device) runs in one thread of the rank's own process, ``depth`` batches ahead. Unlike DataLoader
@@ -30,24 +34,38 @@ class _Failure:
 
 
 class Prefetcher:
-    """Iterates ``batches`` ahead in a daemon thread, moving each to ``device``.
+    """The batches of ``batches`` on ``device``, one per :meth:`next` call.
 
-    Up to ``depth`` prepared batches wait in the queue while the thread prepares one more.
+    ``depth`` 0 loads each batch when it is asked for, in this thread. ``depth`` 1 or more
+    prepares them in a daemon thread, up to ``depth`` waiting in a queue while the thread
+    prepares one more; exceptions in the thread re-raise here at the batch that failed, and
+    leaving the loop early stops the thread at its next batch (use it as a context manager or
+    call :meth:`close`).
 
-    Exceptions in the thread re-raise in the consumer at the batch that failed. Leaving the loop
-    early (``break`` or an error in training) stops the thread at its next batch: use it as a
-    context manager or call :meth:`close`.
+    Args:
+        snapshot: Called before each batch is drawn (the sampler's generator state);
+            :attr:`last_snapshot` is the value that came with the batch handed out last, which
+            a resumed run restores to draw the next batch again.
+        timer: The loop's stage clock (``add(stage, seconds)``, ``lap(stage)``): loading is
+            timed as ``load`` (the wait for the batch), or, at depth 0 with
+            ``sampling_clock``, as ``sample`` plus ``gather``.
+        sampling_clock: Seconds this thread has spent sampling so far (the sampler's own
+            clock), when the sampler runs in this thread.
     """
 
     def __init__(self, batches: Iterable, device: torch.device, depth: int = 1,
-                 snapshot: Optional[Callable[[], Any]] = None):
-        if depth < 1:
-            raise ValueError(f"depth must be at least 1, got {depth}.")
-        self.device = device
-        # Called in the thread before each batch is drawn; the value that came with the batch
-        # the consumer took last is ``last_snapshot`` (a checkpoint's sampler state).
+                 snapshot: Optional[Callable[[], Any]] = None, timer: Any = None,
+                 sampling_clock: Optional[Callable[[], float]] = None):
+        if depth < 0:
+            raise ValueError(f"depth must be at least 0, got {depth}.")
+        self.device, self.depth = device, depth
         self._snapshot = snapshot
         self.last_snapshot: Any = None
+        self._timer, self._sampling_clock = timer, sampling_clock
+        self._thread: Optional[threading.Thread] = None
+        if depth == 0:
+            self._batches = iter(batches)
+            return
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._stream = _side_stream(device) if device.type == "cuda" else None
@@ -58,6 +76,33 @@ class Prefetcher:
         self._thread = threading.Thread(target=self._produce, args=(iter(batches),),
                                         name="pyg_mgpu-prefetch", daemon=True)
         self._thread.start()
+        self._consumed = self._consume()
+
+    def next(self) -> Any:
+        """The next batch on ``device``, or None after the last."""
+        if self.depth == 0:
+            if self._snapshot is not None:
+                self.last_snapshot = self._snapshot()
+            sampled_before = self._sampling_clock() if self._sampling_clock else None
+            batch = next(self._batches, None)
+            if batch is not None:
+                batch = batch.to(self.device, non_blocking=True)
+            if self._timer is not None:
+                if sampled_before is not None:
+                    self._timer.add("sample", self._sampling_clock() - sampled_before)
+                self._timer.lap("gather" if sampled_before is not None else "load")
+            return batch
+        batch = next(self._consumed, None)
+        if self._timer is not None:
+            self._timer.lap("load")
+        return batch
+
+    def __iter__(self) -> Iterator:
+        while True:
+            batch = self.next()
+            if batch is None:
+                return
+            yield batch
 
     def _produce(self, batches: Iterator) -> None:
         try:
@@ -101,7 +146,7 @@ class Prefetcher:
                 continue
         return False
 
-    def __iter__(self) -> Iterator:
+    def _consume(self) -> Iterator:
         while True:
             item = self._queue.get()
             if isinstance(item, _Failure):
@@ -118,8 +163,9 @@ class Prefetcher:
 
     def close(self) -> None:
         """Stops the thread after the batch it is preparing (a daemon: never blocks exit)."""
-        self._stop.set()
-        self._thread.join(timeout=60)
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=60)
 
     def __enter__(self) -> "Prefetcher":
         return self

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from pyg_mgpu.train.checkpoint import save_text
 from pyg_mgpu.train.plots import RunError, epoch_axis, load_metrics, save_figure, series
 
+
 def _fmt(spec: str) -> Callable[[object], str]:
     return lambda v: spec.format(v) if isinstance(v, (int, float)) else str(v)
 

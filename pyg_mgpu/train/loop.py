@@ -190,33 +190,16 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     # before the batch already drawn ahead of it, which the resumed run draws again.
     generator = getattr(loader.node_sampler, "generator", None)
     snapshot = generator.get_state if generator is not None and loader.num_workers == 0 else None
-    prefetcher = Prefetcher(loader, ctx.device, depth, snapshot=snapshot) if depth else None
-    batches = iter(tqdm(prefetcher or loader, total=len(loader), desc=f"epoch {epoch}",
-                        disable=not ctx.is_main, leave=False, dynamic_ncols=True))
     # The sampler's own clock splits loading into sampling and gathering when it runs in this
     # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
-    sampler = loader.node_sampler if loader.num_workers == 0 and not prefetcher else None
-    sampler_busy = getattr(sampler, "busy_s", None)
-    state_before_next = None
-
-    def load_next():
-        nonlocal sampler_busy, state_before_next
-        if prefetcher is None and snapshot is not None:
-            state_before_next = snapshot()
-        batch = next(batches, None)
-        if prefetcher is not None:
-            state_before_next = prefetcher.last_snapshot
-        elif batch is not None:  # the prefetcher moved it already
-            batch = batch.to(ctx.device, non_blocking=True)
-        if sampler_busy is not None:
-            timer.add("sample", sampler.busy_s - sampler_busy)
-            sampler_busy = sampler.busy_s
-        timer.lap("gather" if sampler_busy is not None else "load")
-        return batch
-
-    try:
+    sampler = loader.node_sampler if loader.num_workers == 0 and not depth else None
+    clock = (lambda: sampler.busy_s) if hasattr(sampler, "busy_s") else None
+    progress = tqdm(total=len(loader), desc=f"epoch {epoch}", disable=not ctx.is_main,
+                    leave=False, dynamic_ncols=True)
+    with Prefetcher(loader, ctx.device, depth, snapshot=snapshot, timer=timer,
+                    sampling_clock=clock) as batches, progress:
         timer.start()
-        batch = load_next()
+        batch = batches.next()
         while batch is not None:
             seeds = seed_store(batch)
             y = seeds.y[:seeds.batch_size]
@@ -226,7 +209,7 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
             timer.lap("forward")
             loss.backward()
             timer.lap("backward")
-            next_batch = load_next()  # while the gradient all-reduce runs (grad_sync)
+            next_batch = batches.next()  # while the gradient all-reduce runs (grad_sync)
             if grad_sync is not None:
                 grad_sync.wait()
                 timer.lap("allreduce")
@@ -234,11 +217,9 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
             totals.update(out, y, loss)
             timer.lap("optimizer")
             done += 1
+            progress.update()
             if after_step is not None:
-                after_step(done, totals, state_before_next)
+                after_step(done, totals, batches.last_snapshot)
                 timer.lap("checkpoint")
             batch = next_batch
-    finally:
-        if prefetcher is not None:
-            prefetcher.close()
     return (*totals.compute(), totals.classes_predicted())
