@@ -53,10 +53,12 @@ def test_batch_size_1_that_leaves_a_rank_short_is_refused(tmp_path, capsys):
 
 
 def test_more_ranks_than_training_nodes_is_refused(tmp_path, capsys):
-    argv = TINY + ["--num-nodes", "4", "--num-edges", "8", "--devices", "cpu", "--nprocs", "3",
+    argv = TINY + ["--num-nodes", "10", "--num-edges", "40", "--devices", "cpu", "--nprocs", "6",
                    "--out", str(tmp_path)]
     assert main(argv) == 2
-    assert "cannot give each of 3 ranks at least one of 2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot give each of 6 ranks at least one of 5 training nodes" in err
+    assert "use fewer ranks (--nprocs / --devices)" in err
 
 
 def assert_exact_ratio(accuracy: float, count: int):

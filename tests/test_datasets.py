@@ -475,3 +475,20 @@ def test_ogbn_mag_missing_files_say_where_to_put_them(tmp_path, offline):
 def test_the_graph_loader_points_heterogeneous_names_to_the_hetero_path():
     with pytest.raises(DatasetError, match="load_dataset\\('ogbn-mag'\\)"):
         load_graph("ogbn-mag")
+
+
+def test_both_graph_kinds_declare_the_training_graph_protocol():
+    from pyg_mgpu.data.hetero_datasets import load_hetero_graph
+    from pyg_mgpu.data.protocol import TrainingGraph
+    homo = make_synthetic(SMALL, 0)
+    hetero = load_hetero_graph("synthetic-hetero", seed=0)
+    assert isinstance(homo, TrainingGraph) and isinstance(hetero, TrainingGraph)
+    assert not homo.is_hetero and hetero.is_hetero
+    nodes = homo.train_idx[:5]
+    assert homo.loader_nodes(nodes) is nodes
+    assert hetero.loader_nodes(nodes) == (hetero.target, nodes)
+    data = homo.loader_data(with_features=False)
+    assert "x" not in data and cached_csc(data).row is homo.row  # the graph's own CSC
+    typed = hetero.loader_data()
+    assert set(typed.node_types) == set(hetero.data.node_types)
+    assert all(cached_csc(typed[et]) is not None for et in typed.edge_types)

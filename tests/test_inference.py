@@ -8,7 +8,6 @@ from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.distributed.launch import launch_local
 from pyg_mgpu.train.inference import exact_accuracy, gathered_rows, layerwise_logits
 from pyg_mgpu.nn.sage import GraphSAGE
-from pyg_mgpu.train.loaders import graph_as_data
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sharding import shard_bounds
 
@@ -73,7 +72,7 @@ def test_equals_sampled_evaluation_with_all_neighbours():
     graph = small_graph()
     model = make_model(graph, 2)
     seeds = graph.val_idx
-    out = NeighborSampler(graph_as_data(graph), [-1, -1], seed=0).sample(seeds)
+    out = NeighborSampler(graph.loader_data(), [-1, -1], seed=0).sample(seeds)
     sampled = model(graph.x[out.node], torch.stack([out.row, out.col]),
                     out.num_sampled_nodes, out.num_sampled_edges)
     logits = layerwise_logits(model, graph, rank=0, world_size=1, batch_size=64, device=CPU)

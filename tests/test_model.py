@@ -5,21 +5,20 @@ import torch
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.train.loaders import pyg_sampler_available
 from pyg_mgpu.nn.sage import GraphSAGE
-from pyg_mgpu.train.loaders import graph_as_data
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
 def small_batch():
     """A 2-hop [5, 5] sample of 32 seeds: (graph, sampler output, features, edge_index)."""
     g = make_synthetic(SyntheticSpec(num_nodes=1000, num_edges=10_000, num_features=8), seed=0)
-    out = NeighborSampler(graph_as_data(g), [5, 5], seed=0).sample(torch.arange(32))
+    out = NeighborSampler(g.loader_data(), [5, 5], seed=0).sample(torch.arange(32))
     return g, out, g.x[out.node], torch.stack([out.row, out.col])
 
 
 def test_trimmed_equals_untrimmed_on_seeds():
     g = make_synthetic(SyntheticSpec(num_nodes=2000, num_edges=30_000, num_features=16), seed=0)
     for fanouts in ([10, 5], [4, 4, 4]):
-        out = NeighborSampler(graph_as_data(g), fanouts, seed=0).sample(torch.arange(64))
+        out = NeighborSampler(g.loader_data(), fanouts, seed=0).sample(torch.arange(64))
         x, edge_index = g.x[out.node], torch.stack([out.row, out.col])
         torch.manual_seed(0)
         model = GraphSAGE(16, 32, g.num_classes, len(fanouts), dropout=0.5).eval()

@@ -11,13 +11,13 @@ from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.sampling import numbering
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
-from pyg_mgpu.train.loaders import graph_as_data, make_loader
+from pyg_mgpu.train.loaders import make_loader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
 def native(graph, fanouts, seed=None):
     """The sampler the CLI uses, over a graph store's own CSC."""
-    return NeighborSampler(graph_as_data(graph), fanouts, seed=seed)
+    return NeighborSampler(graph.loader_data(), fanouts, seed=seed)
 
 
 @pytest.fixture(scope="module")

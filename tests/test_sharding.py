@@ -50,7 +50,7 @@ def test_permutation_same_on_all_ranks_and_changes_per_epoch():
 @pytest.mark.parametrize("args,message", [
     ((1, 2, 8), "at least one"),
     ((5, 2, 0), "batch size"),
-    ((3, 2, 1), "--batch-size 2"),
+    ((3, 2, 1), "batch_size=2"),
 ])
 def test_unshardable_inputs_say_what_to_change(args, message):
     with pytest.raises(ValueError, match=message):

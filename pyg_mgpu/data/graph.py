@@ -22,6 +22,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import index_to_mask
 
 from pyg_mgpu.data.csc import CSC, EdgeChunks, attach_csc, csc_from_chunks, edge_chunks
+from pyg_mgpu.data.protocol import TrainingGraph
 
 
 class DatasetError(ValueError):
@@ -108,7 +109,7 @@ ForkingPickler.register(MappedTensor, _reduce_mapped_tensor)
 
 
 @dataclass
-class ConvertedGraph:
+class ConvertedGraph(TrainingGraph):
     """A node-classification graph in the layout the samplers and trainers use.
 
     Attributes:
@@ -125,6 +126,7 @@ class ConvertedGraph:
             :mod:`pyg_mgpu.data.cache`): ranks map the same files instead of receiving copies.
     """
 
+    is_hetero = False
     name: str
     colptr: Tensor
     row: Tensor
@@ -222,6 +224,23 @@ class ConvertedGraph:
         # perm=None: edge_index is in CSC order, so an edge's id is its CSC position.
         return attach_csc(data, CSC(self.colptr, self.row, perm=None,
                                     edge_index=data.edge_index))
+
+    def loader_data(self, with_features: bool = True) -> Data:
+        """This graph as the ``Data`` that :class:`pyg_mgpu.NeighborLoader` takes, without
+        copying.
+
+        The loader samples from the graph's own CSC (attached, so nothing is converted); the
+        empty ``edge_index`` is the slot PyG fills with each batch's sampled (row, col), and
+        ``e_id`` are positions in :meth:`edge_index`'s order.
+        """
+        slot = torch.empty(2, 0, dtype=torch.long, device=self.row.device)
+        data = Data(y=self.y, edge_index=slot, num_nodes=self.num_nodes)
+        if with_features:
+            data.x = self.x
+        return attach_csc(data, CSC(self.colptr, self.row, perm=None, edge_index=slot))
+
+    def loader_nodes(self, nodes: Tensor) -> Tensor:
+        return nodes
 
     def summary(self) -> str:
         return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from torch import Tensor
 from torch_geometric.data import HeteroData
 
-from pyg_mgpu.data.csc import share_data
+from pyg_mgpu.data.csc import attach_csc, edge_type_csc, share_data
 from pyg_mgpu.data.graph import DatasetError, check_shm_room
+from pyg_mgpu.data.protocol import TrainingGraph
 
 
 @dataclass
-class HeteroGraph:
+class HeteroGraph(TrainingGraph):
     """``data``'s node type ``target`` carries the labels ``y`` and the boolean ``train_mask``,
     ``val_mask`` and ``test_mask``; every node type carries features ``x``.
 
@@ -26,6 +27,7 @@ class HeteroGraph:
             features (the message names them).
     """
 
+    is_hetero = True
     name: str
     data: HeteroData
     target: str
@@ -94,3 +96,18 @@ class HeteroGraph:
                 f"{len(self.data.edge_types)} types, {self.num_classes} classes of "
                 f"{self.target}, train/val/test {self.train_idx.numel():,}/"
                 f"{self.val_idx.numel():,}/{self.test_idx.numel():,}")
+
+    def loader_data(self, with_features: bool = True) -> HeteroData:
+        """What a batch needs (every type's features, the target's labels, the edges), with
+        every edge type's shared CSC attached: batches then slice no split masks."""
+        data = HeteroData()
+        for t in self.data.node_types:
+            data[t].x = self.data[t].x
+        data[self.target].y = self.data[self.target].y
+        for et in self.data.edge_types:
+            data[et].edge_index = self.data[et].edge_index
+            attach_csc(data[et], edge_type_csc(self.data, et))
+        return data
+
+    def loader_nodes(self, nodes: Tensor) -> tuple[str, Tensor]:
+        return self.target, nodes

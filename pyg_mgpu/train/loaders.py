@@ -16,11 +16,10 @@ from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Data
 
-from pyg_mgpu.data.csc import CSC, attach_csc, edge_type_csc
 from pyg_mgpu.data.graph import ConvertedGraph
-from pyg_mgpu.data.hetero_graph import HeteroGraph
+from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 
@@ -36,33 +35,6 @@ def resolve_sampler(choice: str) -> str:
         raise ValueError("--sampler pyg needs pyg-lib or torch-sparse installed (see "
                          "docs/benchmarks.md); use --sampler native.")
     return "native" if choice == "auto" else choice
-
-
-def graph_as_data(graph: ConvertedGraph, with_features: bool = True) -> Data:
-    """The CLI's graph as the ``Data`` that :class:`NeighborLoader` takes, without copying.
-
-    The loader samples from the graph's own CSC (attached, so nothing is converted); the empty
-    ``edge_index`` is the slot PyG fills with each batch's sampled (row, col), and ``e_id`` are
-    positions in :meth:`ConvertedGraph.edge_index`'s order.
-    """
-    slot = torch.empty(2, 0, dtype=torch.long, device=graph.row.device)
-    data = Data(y=graph.y, edge_index=slot, num_nodes=graph.num_nodes)
-    if with_features:
-        data.x = graph.x
-    return attach_csc(data, CSC(graph.colptr, graph.row, perm=None, edge_index=slot))
-
-
-def hetero_as_data(graph: HeteroGraph) -> HeteroData:
-    """What a batch of the heterogeneous graph needs (features, the target's labels, the
-    edges), with every edge type's shared CSC attached: batches then slice no split masks."""
-    data = HeteroData()
-    for t in graph.data.node_types:
-        data[t].x = graph.data[t].x
-    data[graph.target].y = graph.data[graph.target].y
-    for et in graph.data.edge_types:
-        data[et].edge_index = graph.data[et].edge_index
-        attach_csc(data[et], edge_type_csc(graph.data, et))
-    return data
 
 
 def _pyg_sampler(graph: ConvertedGraph, fanout: Sequence[int]):
@@ -83,7 +55,7 @@ def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
     passes the least of all ranks', so that every rank chooses alike).
     """
     if device.type != "cuda" or placement == "cpu" or sampler == "pyg" or \
-            isinstance(graph, HeteroGraph):  # the heterogeneous sampler reads the host copy
+            graph.is_hetero:  # the heterogeneous sampler reads the host copy
         return graph
     if placement == "auto":
         if free_bytes is None:
@@ -101,7 +73,7 @@ def make_feature_cache(graph: ConvertedGraph, device: torch.device,
     ``budget_gb`` caps its size; None takes up to a quarter of the card's free memory (the rest
     is for activations and the allocator), 0 turns the cache off.
     """
-    if device.type != "cuda" or isinstance(graph, HeteroGraph) or graph.x.is_cuda or \
+    if device.type != "cuda" or graph.is_hetero or graph.x.is_cuda or \
             budget_gb == 0:
         return None
     if budget_gb is None:
@@ -146,7 +118,7 @@ def _leave_stops_to_the_rank(worker_id: int) -> None:
     threading.Thread(target=take_signals, name="pyg_mgpu-worker-signals", daemon=True).start()
 
 
-def make_loader(graph: ConvertedGraph | HeteroGraph, nodes: Tensor, *, fanout: Sequence[int],
+def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
                 sampler: str, seed: int, batch_size: int, num_workers: int = 0,
                 rank: Optional[int] = None, world_size: Optional[int] = None,
                 feature_cache: Optional[FeatureCache] = None,
@@ -159,11 +131,9 @@ def make_loader(graph: ConvertedGraph | HeteroGraph, nodes: Tensor, *, fanout: S
     ``device`` is where the batches go: host batches bound for a GPU are pinned. On a
     :class:`HeteroGraph`, ``nodes`` are of its labelled type.
     """
-    if isinstance(graph, HeteroGraph):
-        on_gpu, data, nodes = False, hetero_as_data(graph), (graph.target, nodes)
-    else:
-        on_gpu = graph.x.is_cuda
-        data = graph_as_data(graph, with_features=feature_cache is None)
+    on_gpu = not graph.is_hetero and graph.x.is_cuda
+    data = graph.loader_data(with_features=feature_cache is None)
+    nodes = graph.loader_nodes(nodes)
     if on_gpu:
         num_workers = 0  # sampling runs on the GPU in this process; workers cannot use CUDA
     # Workers may not touch CUDA: with the cache, its gather runs in the consuming thread.

@@ -17,12 +17,17 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
 from pyg_mgpu.distributed.context import RankContext
+from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.evaluation import all_reduce_sum, global_ratio, seed_outputs, seed_store
+from pyg_mgpu.train.evaluation import (
+    all_reduce_sum,
+    global_ratio,
+    seed_outputs,
+    seed_store,
+)
 
 
 @dataclass

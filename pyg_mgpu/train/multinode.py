@@ -15,15 +15,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pyg_mgpu.train.checkpoint import save_torch
-from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.loop import fewest_and_most
-from pyg_mgpu.train.dataset import load_configured
 from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.process_group import torchrun_process_group
 from pyg_mgpu.sampling.sharding import check_shardable
+from pyg_mgpu.train.checkpoint import save_torch
+from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.train.dataset import load_configured
+from pyg_mgpu.train.loop import fewest_and_most
 
 
 def _shm_path() -> Path:

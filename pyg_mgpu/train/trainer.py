@@ -15,34 +15,42 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from pyg_mgpu.data.graph import ConvertedGraph
-from pyg_mgpu.data.hetero_graph import HeteroGraph
-from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
+from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
+from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
 from pyg_mgpu.nn.hetero import HeteroGNN
 from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.feature_cache import FeatureCache
-from pyg_mgpu.train.loaders import make_feature_cache, make_loader, place_graph, resolve_sampler
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
-from pyg_mgpu.train.checkpoint import (CHECKPOINT, StepPosition, describe, restore_checkpoint,
-                                       save_checkpoint, save_torch)
+from pyg_mgpu.train.checkpoint import (
+    CHECKPOINT,
+    StepPosition,
+    describe,
+    restore_checkpoint,
+    save_checkpoint,
+    save_torch,
+)
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.evaluation import accuracy, layerwise_inference
 from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
+from pyg_mgpu.train.loaders import (
+    make_feature_cache,
+    make_loader,
+    place_graph,
+    resolve_sampler,
+)
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
-
-Graph = Union[ConvertedGraph, HeteroGraph]  # a homogeneous dataset, or a heterogeneous one
 
 
 @dataclass
@@ -56,13 +64,13 @@ class Trainee:
     grad_sync: Optional[DeferredAllReduce]
 
 
-def build_ddp(cfg: TrainConfig, graph: Graph, ctx: RankContext) -> Trainee:
+def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Trainee:
     """The model (identical initial weights on every rank), wrapped in DDP, and its optimizer."""
     torch.manual_seed(cfg.seed)
     ours = cfg.recipe == "pyg_mgpu"
     # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
     # --compile inductor fuses PyG's plain ReLU and dropout instead.
-    if isinstance(graph, HeteroGraph):
+    if graph.is_hetero:
         model = HeteroGNN(graph.data.metadata(), graph.num_features, cfg.hidden,
                           graph.num_classes, cfg.num_layers, graph.target, cfg.dropout,
                           conv=cfg.model).to(ctx.device)
@@ -88,7 +96,7 @@ class Evaluator:
     """Validation/test accuracy on rank 0 alone, or sharded over all ranks; known on every rank
     afterwards."""
 
-    def __init__(self, graph: Graph, cfg: TrainConfig, ctx: RankContext, sampler: str,
+    def __init__(self, graph: TrainingGraph, cfg: TrainConfig, ctx: RankContext, sampler: str,
                  feature_cache: Optional[FeatureCache] = None):
         self.ctx, self.graph, self.cfg = ctx, graph, cfg
         self.feature_cache = feature_cache
@@ -122,14 +130,14 @@ class Evaluator:
 class RankData:
     """This rank's view of the graph and its loaders."""
 
-    graph: Graph  # on this rank's GPU, or the shared host copy
+    graph: TrainingGraph  # on this rank's GPU, or the shared host copy
     sampler: str
     train_loader: NeighborLoader
     evaluator: Evaluator
     feature_cache: Optional[FeatureCache]
 
 
-def build_loaders(cfg: TrainConfig, graph: Graph, ctx: RankContext) -> RankData:
+def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> RankData:
     """Places the graph for this rank and builds its sharded training loader and evaluator."""
     sampler = resolve_sampler(cfg.sampler)
     graph = place_graph(graph, ctx.device, cfg.graph_on, sampler, _least_free_gpu_bytes(ctx))
@@ -355,7 +363,7 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
                    f"test acc {results['test_acc_exact']:.4f}")
 
 
-def run_training(ctx: RankContext, graph: Graph, cfg: TrainConfig, out_dir: str,
+def run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_dir: str,
                  run_info: Optional[dict] = None) -> None:
     """The rank function: trains, evaluates and (rank 0) writes the run's outputs.
 
@@ -365,7 +373,7 @@ def run_training(ctx: RankContext, graph: Graph, cfg: TrainConfig, out_dir: str,
         _run_training(ctx, graph, cfg, out_dir, run_info)
 
 
-def _run_training(ctx: RankContext, graph: Graph, cfg: TrainConfig, out_dir: str,
+def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_dir: str,
                   run_info: Optional[dict]) -> None:
     wall_start = time.perf_counter()
     out = Path(out_dir)
