@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import SAGEConv
 
+from pyg_mgpu.gpu_path import takes_gpu_path
+
 
 def _random_bytes(count: int, device: torch.device) -> Tensor:
     """``count`` uniform random bytes: one 64-bit draw gives eight."""
@@ -234,7 +236,7 @@ def _dst_pointers(col: Tensor, num_dst: int, without_sync: Optional[bool] = None
     ms for 160k edges into 15k nodes).
     """
     if without_sync is None:
-        without_sync = col.is_cuda
+        without_sync = takes_gpu_path(col)
     if without_sync:
         return torch.searchsorted(col, torch.arange(num_dst + 1, device=col.device))
     ptr = torch.zeros(num_dst + 1, dtype=torch.long, device=col.device)

@@ -17,6 +17,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_mgpu.data.csc import CSC
+from pyg_mgpu.gpu_path import takes_gpu_path
 
 STRATEGIES = ("uniform", "last")
 
@@ -89,7 +90,7 @@ def eligible_ends(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor)
     end = colptr.index_select(0, dst)
     run_end = colptr[1:].index_select(0, dst)
     steps = tcsc.search_steps
-    if not dst.is_cuda:
+    if not takes_gpu_path(dst):
         steps = int((run_end - end).max()).bit_length() if dst.numel() else 0
     for k in reversed(range(steps)):
         probe = torch.minimum(end + (1 << k), run_end)

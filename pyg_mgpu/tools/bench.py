@@ -37,6 +37,7 @@ from typing import Optional, Sequence
 from pyg_mgpu.distributed.devices import resolve_devices
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 from pyg_mgpu.tools.sampler_bench import run_sampler_bench, synthetic_graph
+from pyg_mgpu.tools.step_costs import count_steps, format_step_costs
 from pyg_mgpu.train.config import in_flags
 
 SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_ckpt_every_step",
@@ -77,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "benchmarks/dgl_env.sh builds, if present)")
     p.add_argument("--sampler-only", action="store_true",
                    help="measure sampled edges/s instead of training")
+    p.add_argument("--step-costs", action="store_true",
+                   help="count the kernel ops and host syncs of one training step, per stage "
+                        "(the GPU's path, counted on the CPU) instead of training")
     p.add_argument("--batches", type=int, default=30,
                    help="batches per sampler measurement (--sampler-only: a multiple of 6 "
                         "gives every mode every place in the turns equally often)")
@@ -196,7 +200,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    if args.sampler_only:
+    if args.step_costs:
+        graph = synthetic_graph(args)
+        results = count_steps(graph, fanout=tuple(int(k) for k in args.fanout.split(",")),
+                              batch_size=args.batch_size, hidden=args.hidden, seed=args.seed)
+        print(format_step_costs(results), end="")
+    elif args.sampler_only:
         results = run_sampler_bench(args)
         for key, value in results.items():
             shown = f"{value / 1e6:.2f}M edges/s" if isinstance(value, float) and \
@@ -205,7 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         results = run_training_bench(args, out)
         print(format_training(results))
-    report = {"mode": "sampler" if args.sampler_only else "training",
+    mode = "step_costs" if args.step_costs else "sampler" if args.sampler_only else "training"
+    report = {"mode": mode,
               "args": vars(args), "results": results}
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     print(f"written {out / 'bench.json'}")

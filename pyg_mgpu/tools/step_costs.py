@@ -1,0 +1,201 @@
+"""Kernel launches and host reads of one training step, counted on the CPU:
+``python -m pyg_mgpu.bench --step-costs``.
+
+On a GPU every aten op that computes is a kernel launch of a few microseconds of host time,
+and every op whose output size or value the host must know (``nonzero``, ``masked_select``,
+boolean indexing, ``item()``, ``repeat_interleave`` without ``output_size``, ``bincount``,
+``unique``) makes the host wait for the GPU. A ``TorchDispatchMode`` sees each op of a step on
+CPU tensors; views cost no kernel. The step is the CLI's: ``pyg_mgpu.NeighborLoader`` with the
+native sampler, the trimmed GraphSAGE, Adam and the epoch's device-side counters. It is
+counted on the path a GPU takes (:func:`pyg_mgpu.gpu_path.counting_gpu_path`, and Adam's
+multi-tensor form, its default on GPUs), stage by stage.
+
+Not seen on the CPU: copies between host and device (the seeds' and the batch's), which a GPU
+run adds.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+STAGES = ("sampling", "batch assembly", "forward", "backward", "optimizer", "metrics")
+
+# Ops whose result size or value the host reads before it can go on: each waits for the GPU.
+_SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
+             "aten::bincount", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+             "aten::unique_consecutive", "aten::equal", "aten::is_nonzero"}
+# Ops that allocate or describe memory without a kernel.
+_NO_KERNEL_OPS = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::detach",
+                  "aten::alias", "aten::lift_fresh", "aten::sym_size", "aten::sym_stride",
+                  "aten::sym_numel", "aten::sym_storage_offset", "aten::_unsafe_view"}
+
+
+@dataclass
+class StageCosts:
+    """What one stage of a step issued."""
+    kernels: int = 0
+    views: int = 0
+    syncs: int = 0
+    sync_ops: Counter = field(default_factory=Counter)
+
+    def to_dict(self) -> dict:
+        return {"kernel_ops": self.kernels, "views": self.views, "host_syncs": self.syncs,
+                "sync_ops": dict(self.sync_ops)}
+
+
+def _tensors(values) -> list:
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found += _tensors(value)
+    return found
+
+
+def is_host_sync(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether the op ``name`` (``aten::...``) with these arguments makes a GPU's host wait."""
+    if name in _SYNC_OPS:
+        return True
+    if name == "aten::repeat_interleave":  # the output size is the repeats' sum
+        return (len(args) < 2 or isinstance(args[1], torch.Tensor)) and \
+            kwargs.get("output_size", args[2] if len(args) > 2 else None) is None
+    if name in ("aten::index", "aten::index_put", "aten::index_put_"):  # boolean masks
+        return any(t.dtype == torch.bool for t in _tensors(args[1:2]))
+    return False
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops run inside it by :attr:`stage`. Ops on tensors that live in host
+    memory on a GPU too (``host_only``: data pointers, e.g. the optimizer's step counters)
+    are neither kernels nor waits."""
+
+    def __init__(self, host_only: frozenset = frozenset()):
+        super().__init__()
+        self.stage = STAGES[0]
+        self.costs = {stage: StageCosts() for stage in STAGES}
+        self.host_only = host_only
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name  # without the overload: aten::repeat_interleave
+        tensors = _tensors(args)
+        on_host = bool(tensors) and all(t.data_ptr() in self.host_only for t in tensors)
+        costs = self.costs[self.stage]
+        if on_host:
+            pass
+        elif func.is_view or name in _NO_KERNEL_OPS:
+            costs.views += 1
+        else:
+            costs.kernels += 1
+            if is_host_sync(name, args, kwargs):
+                costs.syncs += 1
+                costs.sync_ops[name.removeprefix("aten::")] += 1
+        return func(*args, **kwargs)
+
+    def in_stage(self, stage: str) -> "OpCounter":
+        self.stage = stage
+        return self
+
+
+def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: int = 256,
+                steps: int = 3, seed: int = 0, gpu_path: bool = True) -> dict:
+    """Per stage, the kernel ops, views and host syncs of each of ``steps`` training steps of
+    the CLI's GraphSAGE on ``graph`` (a ``ConvertedGraph``), after one step of warm-up; on the
+    GPU's path unless ``gpu_path`` is False (the CPU's forms, where they differ).
+
+    Returns:
+        ``{"stages": {stage: costs of the median step}, "total": {...}, "per_step_kernels":
+        [...], "per_step_syncs": [...]}``
+    """
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    from pyg_mgpu.nn.models import build_model
+    from pyg_mgpu.train.loaders import make_loader
+    from pyg_mgpu.train.loop import EpochTotals, seed_logits, seed_store
+
+    torch.manual_seed(seed)
+    device = torch.device("cpu")
+    loader = make_loader(graph, graph.train_idx, fanout=fanout, sampler="native", seed=seed,
+                         batch_size=batch_size, rank=0, world_size=1)
+    loader.set_epoch(0)
+    model = build_model("sage", graph.num_features, hidden, graph.num_classes, len(fanout),
+                        0.5, sparse_aggregation=True, fast_dropout=True)
+    # The multi-tensor Adam that torch picks on GPUs.
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    totals = EpochTotals(device)
+    sampler = loader.node_sampler
+    sample_from_nodes = sampler.sample_from_nodes
+    counter: Optional[OpCounter] = None
+
+    def sampling(*args, **kwargs):
+        if counter is None:
+            return sample_from_nodes(*args, **kwargs)
+        before, counter.stage = counter.stage, "sampling"
+        try:
+            return sample_from_nodes(*args, **kwargs)
+        finally:
+            counter.stage = before
+
+    sampler.sample_from_nodes = sampling
+    batches = iter(loader)
+    per_step = []
+
+    def step():
+        stage = (lambda name: counter.in_stage(name)) if counter else (lambda name: None)
+        stage("batch assembly")
+        batch = next(batches)
+        stage("forward")
+        y = seed_store(batch).y[:batch.batch_size]
+        out = seed_logits(model, batch, trim=True)
+        loss = F.cross_entropy(out, y)
+        stage("backward")
+        loss.backward()
+        stage("optimizer")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stage("metrics")
+        totals.update(out, y, loss)
+
+    try:
+        with counting_gpu_path() if gpu_path else contextlib.nullcontext():
+            step()  # warm-up: the optimizer's state is made here
+            step_counters = frozenset(s["step"].data_ptr() for s in optimizer.state.values())
+            for _ in range(steps):
+                counter = OpCounter(host_only=step_counters)
+                with counter:
+                    step()
+                per_step.append(counter.costs)
+                counter = None
+    finally:
+        del sampler.sample_from_nodes  # the instance attribute; the method is back
+    kernels = [sum(c.kernels for c in costs.values()) for costs in per_step]
+    median = per_step[kernels.index(sorted(kernels)[len(kernels) // 2])]
+    total = StageCosts()
+    for costs in median.values():
+        total.kernels += costs.kernels
+        total.views += costs.views
+        total.syncs += costs.syncs
+        total.sync_ops.update(costs.sync_ops)
+    return {"stages": {stage: costs.to_dict() for stage, costs in median.items()},
+            "total": total.to_dict(), "per_step_kernels": kernels,
+            "per_step_syncs": [sum(c.syncs for c in costs.values()) for costs in per_step],
+            "fanout": list(fanout), "batch_size": batch_size, "hidden": hidden,
+            "median_kernels": statistics.median(kernels)}
+
+
+def format_step_costs(result: dict) -> str:
+    """A Markdown table: one row per stage, and the step."""
+    rows = ["| stage | kernel ops | views | host syncs | syncing ops |",
+            "| --- | --- | --- | --- | --- |"]
+    for stage, costs in [*result["stages"].items(), ("step", result["total"])]:
+        ops = ", ".join(f"{name} {n}" for name, n in sorted(costs["sync_ops"].items()))
+        rows.append(f"| {stage} | {costs['kernel_ops']} | {costs['views']} | "
+                    f"{costs['host_syncs']} | {ops or '-'} |")
+    return "\n".join(rows) + "\n"

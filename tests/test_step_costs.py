@@ -1,0 +1,59 @@
+"""``python -m pyg_mgpu.bench --step-costs``: the ops of a training step, counted on the CPU along
+the path a GPU takes, per stage, with the ops that make a GPU's host wait told apart."""
+import json
+
+import torch
+
+from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.tools import bench
+from pyg_mgpu.tools.step_costs import STAGES, OpCounter, count_steps
+
+
+def test_host_syncs_and_views_are_told_apart():
+    x = torch.arange(10)
+    counter = OpCounter()
+    with counter:
+        x[x > 3]                                               # boolean indexing: a wait
+        x.nonzero()                                            # a wait
+        int(x.sum())                                           # item(): a wait
+        torch.repeat_interleave(torch.tensor([1, 2]))          # size from data: a wait
+        torch.repeat_interleave(torch.tensor([1, 2]), output_size=3)  # size given
+        x.view(2, 5)                                           # a view, no kernel
+        x[torch.tensor([1, 2])]                                # integer indexing
+    costs = counter.costs[STAGES[0]]
+    assert costs.sync_ops == {"index": 1, "nonzero": 1, "_local_scalar_dense": 1,
+                              "repeat_interleave": 1}
+    assert costs.syncs == 4 and costs.views >= 1
+
+
+def test_tensors_that_stay_on_the_host_cost_nothing():
+    step = torch.zeros(())
+    counter = OpCounter(host_only=frozenset({step.data_ptr()}))
+    with counter:
+        step.add_(1)
+        float(step)
+    assert counter.costs[STAGES[0]].kernels == 0
+
+
+def test_a_step_counted_on_the_gpus_path_per_stage():
+    graph = make_synthetic(SyntheticSpec(num_nodes=2000, num_edges=20000, num_features=8,
+                                         num_classes=4), 0)
+    gpu = count_steps(graph, fanout=(5, 3), batch_size=64, hidden=16, steps=2)
+    assert set(gpu["stages"]) == set(STAGES)
+    assert gpu["total"]["kernel_ops"] == sum(s["kernel_ops"] for s in gpu["stages"].values())
+    assert all(s["kernel_ops"] > 0 for s in gpu["stages"].values())
+    assert gpu["stages"]["sampling"]["host_syncs"] > 0  # the sampler's data-sized outputs
+    # The aggregation's destination pointers: a binary search on the GPU, bincount (which
+    # reads its maximum back) on the CPU. The counter follows the GPU.
+    assert "bincount" not in gpu["stages"]["forward"]["sync_ops"]
+    cpu = count_steps(graph, fanout=(5, 3), batch_size=64, hidden=16, steps=1, gpu_path=False)
+    assert cpu["stages"]["forward"]["sync_ops"].get("bincount", 0) > 0
+
+
+def test_bench_writes_the_step_costs(tmp_path):
+    assert bench.main(["--step-costs", "--num-nodes", "2000", "--num-edges", "20000",
+                       "--num-features", "8", "--num-classes", "4", "--fanout", "5,3",
+                       "--batch-size", "64", "--hidden", "16", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["mode"] == "step_costs"
+    assert report["results"]["total"]["kernel_ops"] > 0
