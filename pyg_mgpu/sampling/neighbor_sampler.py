@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ from torch_geometric.sampler import HeteroSamplerOutput, NodeSamplerInput, Sampl
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
+from pyg_mgpu.sampling.batches import split_batches
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
 from pyg_mgpu.sampling.walk import walk
 
@@ -224,6 +225,46 @@ class NeighborSampler(PyGNeighborSampler):
         tree_time = self._tree_times(seed, seed_time) if self.is_temporal else None
         return self._walk(seed, self.fanouts, tree_time)
 
+    def sample_batches(self, seeds: Sequence[Tensor]) -> list[SamplerOutput]:
+        """One ``SamplerOutput`` per tensor of seed node ids, all drawn in one walk.
+
+        Each is the batch :meth:`sample` would give for those seeds in distribution (its own
+        nodes numbered apart from the other batches', so a node two batches reach is in
+        both), for the walk's kernels and host reads once instead of once per batch
+        (:mod:`.batches`). The draws differ from separate calls': the generator is shared.
+        Homogeneous graphs, without temporal sampling or ``subgraph_type="induced"``.
+        """
+        if self.is_hetero or self.is_temporal or self.subgraph_type == SubgraphType.induced:
+            raise NotImplementedError("sample_batches samples homogeneous graphs, without "
+                                      "time_attr or subgraph_type='induced'; call sample for "
+                                      "each batch instead.")
+        start = time.perf_counter()
+        self._reseed_in_worker()
+        seeds = [s.to(device=self.device, dtype=torch.long) for s in seeds]
+        sizes = torch.tensor([s.numel() for s in seeds], device=self.device)
+        seed = torch.cat(seeds) if seeds else torch.empty(0, dtype=torch.long,
+                                                          device=self.device)
+        seed_batch = torch.repeat_interleave(torch.arange(len(seeds), device=self.device),
+                                             sizes, output_size=seed.numel())
+        # Joint batches: each numbered apart. Disjoint ones: a tree per seed, as alone.
+        out = walk(self.graph, {NODE: seed}, {EDGE: self.fanouts}, replace=self.replace,
+                   generator=self.generator, disjoint=self.disjoint,
+                   seed_batch=None if self.disjoint else {NODE: seed_batch},
+                   num_batches=len(seeds))
+        batches = split_batches(
+            out.node[NODE], out.batch[NODE], out.row[EDGE], out.col[EDGE], out.edge[EDGE],
+            out.num_sampled_nodes[NODE], out.num_sampled_edges[EDGE],
+            tree_batch=seed_batch if self.disjoint else torch.arange(len(seeds),
+                                                                      device=self.device),
+            num_batches=len(seeds),
+            tree_offset=torch.cumsum(sizes, 0) - sizes if self.disjoint else None)
+        batches = [self._in_index_dtype(batch) for batch in batches]
+        if self.subgraph_type == SubgraphType.bidirectional:
+            batches = [batch.to_bidirectional(keep_orig_edges=self.keep_orig_edges)
+                       for batch in batches]
+        self.busy_s += time.perf_counter() - start
+        return batches
+
     def _walk(self, seed: dict, fanouts: dict,
               tree_time: Optional[Tensor]) -> HeteroSamplerOutput:
         return walk(self.graph, seed, fanouts, replace=self.replace, generator=self.generator,
@@ -239,12 +280,15 @@ class NeighborSampler(PyGNeighborSampler):
             batch=None if out.batch is None else out.batch[NODE],
             num_sampled_nodes=out.num_sampled_nodes[NODE] if per_hop else None,
             num_sampled_edges=out.num_sampled_edges[EDGE] if per_hop else None)
+        return self._in_index_dtype(result)
+
+    def _in_index_dtype(self, out: SamplerOutput) -> SamplerOutput:
         if self.index_dtype != torch.long:  # PyG's outputs take the graph's index type
             for name in ("node", "row", "col", "edge", "batch"):
-                value = getattr(result, name)
+                value = getattr(out, name)
                 if value is not None:
-                    setattr(result, name, value.to(self.index_dtype))
-        return result
+                    setattr(out, name, value.to(self.index_dtype))
+        return out
 
     def _tree_times(self, seed: dict, seed_time: Optional[dict]) -> Tensor:
         """The time bounding each tree: ``input_time`` where given, else the seed's own

@@ -9,6 +9,9 @@ nodes in order of first appearance. Two numberings share one interface
   :func:`unseen`) by :meth:`JointIds.close`, also after an error.
 - :class:`DisjointIds`: one tree per seed position (``disjoint=True`` and every temporal
   batch), a node being a (tree, node) pair, numbered by :class:`~.tree_ids.TreeIds`.
+- :class:`BatchIds`: several joint batches in one walk, node ``v`` of batch ``b`` being
+  ``b * num_nodes + v`` in a lookup array of ``num_batches * num_nodes`` entries: each batch
+  numbered as :class:`JointIds` numbers one.
 """
 from __future__ import annotations
 
@@ -117,3 +120,32 @@ class DisjointIds:
 
     def close(self) -> None:
         pass
+
+
+class BatchIds:
+    """Local ids when several joint batches share one walk: :class:`JointIds` over the keys
+    ``batch * num_nodes + node`` (``lookup`` holds one entry per key), each batch's nodes
+    once, a node two batches reach once in each."""
+
+    def __init__(self, lookup: Callable[[str], Tensor], num_nodes: dict, seed_batch: dict):
+        self._joint = JointIds(lookup)
+        self.num_nodes, self.seed_batch = num_nodes, seed_batch
+
+    @property
+    def count(self) -> dict:
+        return self._joint.count
+
+    def seeds(self, t, seed: Tensor) -> Tensor:
+        batch = self.seed_batch[t]
+        self._joint.seeds(t, batch * self.num_nodes[t] + seed)
+        return batch
+
+    def number(self, t, nbr: Tensor, nbr_batch: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(local ids of the pairs ``(nbr_batch, nbr)``, the new nodes in order of first
+        appearance, their batches)."""
+        local, new, _ = self._joint.number(t, nbr_batch * self.num_nodes[t] + nbr, None)
+        new_batch = torch.div(new, self.num_nodes[t], rounding_mode="floor")
+        return local, new - new_batch * self.num_nodes[t], new_batch
+
+    def close(self) -> None:
+        self._joint.close()

@@ -74,14 +74,15 @@ class SamplingGraph:
     def is_temporal(self) -> bool:
         return self.node_time is not None or self.edge_time is not None
 
-    def lookup(self, node_type) -> Tensor:
-        """The node type's scratch array for :class:`~.numbering.JointIds`: global id -> local
-        id, every entry unseen between batches."""
+    def lookup(self, node_type, copies: int = 1) -> Tensor:
+        """The node type's scratch array for :class:`~.numbering.JointIds` (``copies`` of it
+        end to end for :class:`~.numbering.BatchIds`): global id -> local id, every entry
+        unseen between batches."""
+        size = self.num_nodes[node_type] * copies
         lookup = self.lookups.get(node_type)
-        if lookup is None or lookup.device != self.device:
-            dtype = self.lookup_type[node_type]
-            lookup = torch.full((self.num_nodes[node_type],), unseen(dtype), dtype=dtype,
-                                device=self.device)
+        if lookup is None or lookup.device != self.device or lookup.numel() != size:
+            dtype = self.lookup_type[node_type] if copies == 1 else lookup_type(size)
+            lookup = torch.full((size,), unseen(dtype), dtype=dtype, device=self.device)
             self.lookups[node_type] = lookup
         return lookup
 

@@ -26,18 +26,22 @@ from torch_geometric.sampler import HeteroSamplerOutput
 from pyg_mgpu.sampling import temporal
 from pyg_mgpu.sampling.draws import hop_edges
 from pyg_mgpu.sampling.induced import induced_edges
-from pyg_mgpu.sampling.numbering import DisjointIds, JointIds
+from pyg_mgpu.sampling.numbering import BatchIds, DisjointIds, JointIds
 from pyg_mgpu.sampling.sampling_graph import SamplingGraph
 
 
 def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
          generator: torch.Generator, disjoint: bool = False, induced: bool = False,
-         tree_time: Optional[Tensor] = None, strategy: str = "uniform") -> HeteroSamplerOutput:
+         tree_time: Optional[Tensor] = None, strategy: str = "uniform",
+         seed_batch: Optional[dict] = None, num_batches: int = 1) -> HeteroSamplerOutput:
     """The batch around ``seed`` (int64 node ids per type, on the graph's device).
 
     Args:
         fanouts: Per walked edge type, the neighbours to draw at each hop (``-1``: all).
         disjoint: One tree per seed position (tree ``i``: the ``i``-th seed of each type).
+        seed_batch: Several joint batches in one walk (``disjoint`` False): each seed's batch
+            per type, ``0 .. num_batches - 1``; the output's ``batch`` says whose each node
+            is (:mod:`.batches` splits it).
         tree_time: The time bounding each tree (temporal sampling; implies ``disjoint``).
         strategy: Temporal: ``"uniform"`` among the eligible edges, or ``"last"``.
 
@@ -47,7 +51,14 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
     device = graph.device
     num_hops = len(next(iter(fanouts.values()))) if fanouts else 0
     num_trees = max((s.numel() for s in seed.values()), default=0)
-    ids = DisjointIds(graph.num_nodes, num_trees) if disjoint else JointIds(graph.lookup)
+    if disjoint:
+        ids = DisjointIds(graph.num_nodes, num_trees)
+    elif seed_batch is not None:
+        ids = BatchIds(lambda t: graph.lookup(t, copies=num_batches), graph.num_nodes,
+                       seed_batch)
+        disjoint = True  # from here on, every node carries its batch as disjoint ones their tree
+    else:
+        ids = JointIds(graph.lookup)
     node_types, edge_types = graph.node_types, graph.edge_types
     nodes = {t: [] for t in node_types}
     trees = {t: [] for t in node_types}

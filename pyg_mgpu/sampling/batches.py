@@ -1,0 +1,78 @@
+"""Several batches sampled in one walk, split back into ordinary batches.
+
+Each batch is one tree of a disjoint walk (:mod:`.walk`, numbered by
+:class:`~.tree_ids.TreeIds`): its nodes are numbered apart from the other batches', so a node
+two batches reach is in both, and within a batch each node once, as a batch sampled alone. The
+walk's kernels and host reads are then paid once for all of them. Every batch has the
+distribution of a lone walk over its seeds (the draws of each node are independent of the other
+batches'); the draws themselves differ, as the generator is shared.
+
+:func:`split_batches` turns the walk's output (all batches' nodes hop by hop, interleaved) into
+one PyG ``SamplerOutput`` per batch: seeds first, then each hop's new nodes in order of first
+appearance, edges grouped by hop and by destination, per-hop counts.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch_geometric.sampler import SamplerOutput
+
+
+def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Tensor,
+                  num_sampled_nodes: list[int], num_sampled_edges: list[int],
+                  tree_batch: Tensor, num_batches: int,
+                  tree_offset: Optional[Tensor] = None) -> list[SamplerOutput]:
+    """One ``SamplerOutput`` per batch from a walk over all of them.
+
+    Args:
+        node, tree: Each node of the walk (in walk order) and its tree.
+        row, col, edge: The walk's edges: local ids into ``node``, and edge ids.
+        num_sampled_nodes, num_sampled_edges: The walk's per-hop counts.
+        tree_batch: The batch of each tree.
+        tree_offset: For disjoint batches, each batch's first tree: a batch's own ``batch``
+            output numbers its trees from 0. None: a batch is one tree (joint sampling).
+    """
+    device = node.device
+    num_hops = len(num_sampled_edges)
+    levels = num_hops + 1
+    node_hop = torch.repeat_interleave(
+        torch.arange(levels, device=device),
+        torch.tensor(num_sampled_nodes, device=device), output_size=node.numel())
+    node_batch = tree_batch.index_select(0, tree)
+    node_key = node_batch * levels + node_hop
+    # Stable: within a batch and a hop the walk's order (first appearance) is kept.
+    order = torch.sort(node_key, stable=True).indices
+    node_counts = torch.bincount(node_key, minlength=num_batches * levels)
+    per_batch = node_counts.view(num_batches, levels).sum(1)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=device)
+    local = rank - (torch.cumsum(per_batch, 0) - per_batch).index_select(0, node_batch)
+
+    edge_hop = torch.repeat_interleave(
+        torch.arange(num_hops, device=device),
+        torch.tensor(num_sampled_edges, device=device), output_size=edge.numel())
+    edge_key = node_batch.index_select(0, col) * num_hops + edge_hop
+    edge_order = torch.sort(edge_key, stable=True).indices
+    edge_counts = torch.bincount(edge_key, minlength=num_batches * num_hops)
+
+    node_sizes = per_batch.tolist()
+    edge_sizes = edge_counts.view(num_batches, num_hops).sum(1).tolist()
+    node_counts = node_counts.view(num_batches, levels).tolist()
+    edge_counts = edge_counts.view(num_batches, num_hops).tolist()
+    parts = {
+        "node": node.index_select(0, order).split(node_sizes),
+        "row": local.index_select(0, row.index_select(0, edge_order)).split(edge_sizes),
+        "col": local.index_select(0, col.index_select(0, edge_order)).split(edge_sizes),
+        "edge": edge.index_select(0, edge_order).split(edge_sizes),
+    }
+    batches = None
+    if tree_offset is not None:
+        own = tree - tree_offset.index_select(0, tree_batch.index_select(0, tree))
+        batches = own.index_select(0, order).split(node_sizes)
+    return [SamplerOutput(node=parts["node"][b], row=parts["row"][b], col=parts["col"][b],
+                          edge=parts["edge"][b],
+                          batch=None if batches is None else batches[b],
+                          num_sampled_nodes=node_counts[b], num_sampled_edges=edge_counts[b])
+            for b in range(num_batches)]
