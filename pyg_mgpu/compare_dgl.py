@@ -67,9 +67,9 @@ def _split_args(args: argparse.Namespace) -> tuple[TrainConfig, CompareOptions]:
         raise CompareError("the DGL variant trains GraphSAGE with plain Adam: drop --model "
                            f"{train['model']} / --weight-decay {weight_decay or 0}, or "
                            "compare other models without DGL (python -m pyg_mgpu.report).")
-    cfg = TrainConfig(**train)
+    cfg = TrainConfig.from_flags(**train)
     if cfg.is_hetero:
-        raise CompareError(f"--dataset {cfg.dataset} is heterogeneous; the DGL variant trains "
+        raise CompareError(f"--dataset {cfg.data.dataset} is heterogeneous; the DGL variant trains "
                            "homogeneous GraphSAGE. Compare heterogeneous runs with each other "
                            "(python -m pyg_mgpu.report RUN_DIR ...).")
     return cfg, opts

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -57,7 +58,7 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
     """The CLI's parser, its flags grouped by topic (the docs' CLI reference is built from it).
     Other commands that take the same flags (``python -m pyg_mgpu.compare_dgl``) name
     themselves and their output folder."""
-    d = TrainConfig()
+    d = SimpleNamespace(**TrainConfig().flat())  # the defaults, by flag name
     p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_HelpFormatter)
 
     data = p.add_argument_group("data")
@@ -232,13 +233,13 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.train.loaders import resolve_sampler
     from pyg_mgpu.sampling.sharding import check_shardable
 
-    resolve_sampler(cfg.sampler)
-    out = make_out_dir(cfg.out or cfg.resume)
-    if cfg.resume == "auto":  # a restarted job continues; a first start starts afresh
-        cfg.resume = cfg.out if (out / CHECKPOINT).is_file() else None
+    resolve_sampler(cfg.training.sampler)
+    out = make_out_dir(cfg.outputs.out or cfg.faults.resume)
+    if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
+        cfg.faults.resume = cfg.outputs.out if (out / CHECKPOINT).is_file() else None
     torchrun = launched_by_torchrun()
-    devices = None if torchrun else resolve_devices(cfg.devices, cfg.nprocs, cfg.backend)
-    if cfg.resume:
+    devices = None if torchrun else resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs, cfg.ranks.backend)
+    if cfg.faults.resume:
         check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
     if torchrun:
         from pyg_mgpu.train.multinode import run_torchrun_rank
@@ -246,7 +247,7 @@ def run(cfg: TrainConfig) -> Path:
         return out
     start = time.perf_counter()
     graph = load_configured(cfg)
-    check_shardable(graph.train_idx.numel(), len(devices), cfg.batch_size)
+    check_shardable(graph.train_idx.numel(), len(devices), cfg.training.batch_size)
     graph.share_memory_()
     load_s = time.perf_counter() - start
     print(f"{graph.summary()} | loaded in {load_s:.1f}s | {len(devices)} rank(s) on "
@@ -256,8 +257,8 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.train.trainer import run_training
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
     spawn(run_training, args=(graph, cfg, str(out), {"load_time_s": load_s}),
-          devices=cfg.devices, nprocs=cfg.nprocs, timeout_s=cfg.timeout_s, backend=cfg.backend,
-          grace_s=cfg.grace_s, tune_allocator=cfg.recipe == "pyg_mgpu")
+          devices=cfg.ranks.devices, nprocs=cfg.ranks.nprocs, timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
+          grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu")
     from pyg_mgpu.train.plots import plot_run
     plot_run(out)
     return out
@@ -271,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = args.debug
     cfg = None
     try:
-        cfg = TrainConfig(**vars(args))
+        cfg = TrainConfig.from_flags(**vars(args))
         run(cfg)
     except (ConfigError, ValueError, OSError) as e:
         if debug:
@@ -299,7 +300,7 @@ def _checkpoint_note(cfg: TrainConfig) -> str:
     """Where a stopped run's checkpoint is and how to continue from it, in one clause."""
     from pyg_mgpu.train.checkpoint import CHECKPOINT, describe
 
-    run_dir = Path(cfg.out or cfg.resume)
+    run_dir = Path(cfg.outputs.out or cfg.faults.resume)
     path = run_dir / CHECKPOINT
     try:
         import torch

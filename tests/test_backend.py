@@ -63,14 +63,14 @@ def test_collectives_use_host_tensors_with_gloo():
 
 
 def test_config_and_cli_validate_the_backend():
-    assert TrainConfig().backend == "auto"
+    assert TrainConfig().ranks.backend == "auto"
     assert build_parser().parse_args(["--backend", "gloo"]).backend == "gloo"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--backend", "mpi"])
     with pytest.raises(ConfigError, match="--backend must be one of"):
-        TrainConfig(backend="mpi")
+        TrainConfig.from_flags(backend="mpi")
     with pytest.raises(ConfigError, match="--backend nccl needs GPU ranks"):
-        TrainConfig(devices="cpu", backend="nccl")
+        TrainConfig.from_flags(devices="cpu", backend="nccl")
 
 
 @pytest.mark.parametrize("argv,message", [

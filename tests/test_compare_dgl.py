@@ -149,7 +149,7 @@ def test_unfinished_run_is_reported(tmp_path, capsys):
 
 
 def test_both_sides_get_the_same_settings(tmp_path):
-    cfg = TrainConfig(devices="cpu", nprocs=3, epochs=7, batch_size=256, fanout=(5, 4, 3),
+    cfg = TrainConfig.from_flags(devices="cpu", nprocs=3, epochs=7, batch_size=256, fanout=(5, 4, 3),
                       hidden=32, dropout=0.25, lr=0.01, num_workers=1, timeout_s=60.0,
                       profile=True)
     cmds = side_commands(cfg, tmp_path / "g.npz", seed=5, out=tmp_path, dgl_python="py",
@@ -251,8 +251,8 @@ def test_the_pyg_sides_own_flags_parse_back_to_the_same_settings():
 
     changed = dict(amp="bf16", timeout_s=60.0, profile=True, sampler="native", grace_s=5.0,
                    split_fractions=(0.6, 0.1, 0.1), feature_cache_gb=0.5)
-    flags = pyg_only_flags(TrainConfig(**changed))
+    flags = pyg_only_flags(TrainConfig.from_flags(**changed))
     assert "--timeout" in flags and "--split-fractions" in flags
-    back = TrainConfig(**vars(build_parser().parse_args(flags)))
+    back = TrainConfig.from_flags(**vars(build_parser().parse_args(flags)))
     for name, value in changed.items():
-        assert getattr(back, name) == value, name
+        assert back.flat()[name] == value, name

@@ -55,16 +55,16 @@ def test_a_loss_that_stopped_moving_is_reported():
 
 
 def test_recipes_fill_only_what_the_user_left_out():
-    cfg = TrainConfig(model="gat", lr=0.01)
-    assert cfg.lr == 0.01 and cfg.recipe_sources["lr"] == "flag"
+    cfg = TrainConfig.from_flags(model="gat", lr=0.01)
+    assert cfg.model.lr == 0.01 and cfg.model.recipe_sources["lr"] == "flag"
     for name in ("hidden", "dropout", "weight_decay", "heads", "norm"):
-        assert getattr(cfg, name) == MODEL_RECIPES["gat"][name]
-        assert cfg.recipe_sources[name] == "recipe"
-    assert TrainConfig(model="gin").norm == "layer"
-    assert TrainConfig(model="gin", norm="none").norm == "none"
+        assert getattr(cfg.model, name) == MODEL_RECIPES["gat"][name]
+        assert cfg.model.recipe_sources[name] == "recipe"
+    assert TrainConfig.from_flags(model="gin").model.norm == "layer"
+    assert TrainConfig.from_flags(model="gin", norm="none").model.norm == "none"
     assert "lr 0.01, hidden 64*" in cfg.recipe_summary()
     with pytest.raises(ConfigError, match="--norm batch is for PyG's models"):
-        TrainConfig(model="sage", norm="batch")
+        TrainConfig.from_flags(model="sage", norm="batch")
 
 
 TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8", "--num-classes",

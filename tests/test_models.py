@@ -80,15 +80,15 @@ def test_build_model_knows_every_cli_model():
 ])
 def test_model_options_are_validated(options, message):
     with pytest.raises(ConfigError, match=message):
-        TrainConfig(**options)
+        TrainConfig.from_flags(**options)
 
 
 def test_heads_only_constrain_gats_hidden_size():
     # GAT splits --hidden over its heads; GCN has no heads, so the same settings are valid.
     with pytest.raises(ConfigError, match="not divisible by --heads 8"):
-        TrainConfig(model="gat", hidden=100, heads=8)
-    cfg = TrainConfig(model="gcn", hidden=100, heads=8)
-    assert cfg.hidden == 100
+        TrainConfig.from_flags(model="gat", hidden=100, heads=8)
+    cfg = TrainConfig.from_flags(model="gcn", hidden=100, heads=8)
+    assert cfg.model.hidden == 100
 
 
 def test_bad_model_options_are_one_line_on_the_command_line(tmp_path, capsys):
@@ -98,11 +98,11 @@ def test_bad_model_options_are_one_line_on_the_command_line(tmp_path, capsys):
 
 
 def test_resume_refuses_another_model(tmp_path):
-    torch.save({"config": TrainConfig(model="gcn").to_dict(), "world_size": 2},
+    torch.save({"config": TrainConfig.from_flags(model="gcn").to_dict(), "world_size": 2},
                tmp_path / CHECKPOINT)
-    check_resumable(TrainConfig(model="gcn", resume=str(tmp_path)), 2)
+    check_resumable(TrainConfig.from_flags(model="gcn", resume=str(tmp_path)), 2)
     with pytest.raises(ValueError, match="model='gcn' but this run asks for 'gat'"):
-        check_resumable(TrainConfig(model="gat", resume=str(tmp_path)), 2)
+        check_resumable(TrainConfig.from_flags(model="gat", resume=str(tmp_path)), 2)
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.train.checkpoint import save_json, save_text
-from pyg_mgpu.train.config import NOT_FLAGS, TrainConfig, flag_of
+from pyg_mgpu.train.config import TrainConfig, flag_of
 from pyg_mgpu.train.plots import RunError, load_metrics
 
 SIDES = ("pyg_mgpu", "dgl")
@@ -43,6 +43,8 @@ EXIT_SIDE_FAILED, EXIT_BAD_INPUT, EXIT_ACCURACY_GAP = 1, 2, 3
 FIXED_FLAGS = {"eval_on": "rank0", "eval_every": 1, "eval_batch_size": None, "resume": None}
 # Main-command settings both sides get (side_commands spells them out), or that only choose the
 # data, which both sides read from the one exported .npz.
+# Settings that are no flag of the main command: the model's record of its recipe.
+NOT_FLAGS = ("recipe_sources",)
 SHARED_FIELDS = {"dataset", "root", "devices", "nprocs", "epochs", "batch_size", "fanout",
                  "hidden", "dropout", "lr", "seed", "num_workers", "out", "num_nodes",
                  "num_edges", "num_features", "num_classes", *FIXED_FLAGS}
@@ -237,24 +239,24 @@ def dgl_devices(cfg: TrainConfig) -> tuple[str, int]:
     """The DGL side's ``--devices`` and rank count for the main command's ``--devices``."""
     from pyg_mgpu.distributed.devices import resolve_devices
 
-    devices = resolve_devices(cfg.devices, cfg.nprocs)
+    devices = resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs)
     if devices[0].type == "cpu":
         return "cpu", len(devices)
     if [d.index for d in devices] != list(range(len(devices))):
-        raise CompareError(f"--devices {cfg.devices}: the DGL side uses GPUs 0..N-1 (one per "
+        raise CompareError(f"--devices {cfg.ranks.devices}: the DGL side uses GPUs 0..N-1 (one per "
                            "rank); pass --devices cuda --nprocs N.")
     return "cuda", len(devices)
 
 
 def export_dataset(cfg: TrainConfig, folder: Path) -> Path:
     """The dataset both sides read, as ``.npz`` (a ``.npz`` input is used as it is)."""
-    if cfg.dataset.endswith(".npz"):
-        return Path(cfg.dataset).resolve()
+    if cfg.data.dataset.endswith(".npz"):
+        return Path(cfg.data.dataset).resolve()
     from pyg_mgpu.train.dataset import load_configured
 
     graph = load_configured(cfg, for_training=False)  # DGL gets the dataset as read
     print(f"[compare] {graph.summary()}", flush=True)
-    return graph.save_npz(folder / f"{cfg.dataset.lower()}.npz").resolve()
+    return graph.save_npz(folder / f"{cfg.data.dataset.lower()}.npz").resolve()
 
 
 def run_folder(out: Path, side: str, seed: int) -> Path:
@@ -266,14 +268,12 @@ def pyg_only_flags(cfg: TrainConfig) -> list[str]:
     """The main command's other settings the user changed (``--sampler``, ``--amp``,
     ``--recipe``, ...), as its flags, passed on to the pyg_mgpu side only, so none is silently
     dropped (the parser's defaults are a default config's values)."""
-    defaults = TrainConfig()
+    defaults = TrainConfig().flat()
     flags = []
-    for field in dataclasses.fields(cfg):
-        value = getattr(cfg, field.name)
-        if (field.name in SHARED_FIELDS or field.name in NOT_FLAGS
-                or value == getattr(defaults, field.name)):
+    for name, value in cfg.flat().items():
+        if name in SHARED_FIELDS or name in NOT_FLAGS or value == defaults[name]:
             continue
-        flag = flag_of(field.name)
+        flag = flag_of(name)
         if isinstance(value, bool):  # an on/off switch such as --profile
             flags.append(flag)
         elif isinstance(value, (tuple, list)):
@@ -287,13 +287,13 @@ def side_commands(cfg: TrainConfig, npz: Path, seed: int, out: Path, dgl_python:
                   dgl_sampler: str) -> dict[str, list[str]]:
     """Both sides' command lines for one seed, with every shared setting spelled out."""
     dgl_device, nprocs = dgl_devices(cfg)
-    shared = ["--nprocs", str(nprocs), "--epochs", str(cfg.epochs),
-              "--batch-size", str(cfg.batch_size), "--fanout", ",".join(map(str, cfg.fanout)),
-              "--hidden", str(cfg.hidden), "--dropout", str(cfg.dropout), "--lr", str(cfg.lr),
-              "--seed", str(seed), "--num-workers", str(cfg.num_workers)]
+    shared = ["--nprocs", str(nprocs), "--epochs", str(cfg.training.epochs),
+              "--batch-size", str(cfg.training.batch_size), "--fanout", ",".join(map(str, cfg.training.fanout)),
+              "--hidden", str(cfg.model.hidden), "--dropout", str(cfg.model.dropout), "--lr", str(cfg.model.lr),
+              "--seed", str(seed), "--num-workers", str(cfg.performance.num_workers)]
     return {
         "pyg_mgpu": [sys.executable, "-m", "pyg_mgpu.distributed_sampling",
-                     "--dataset", str(npz), "--devices", cfg.devices, *shared,
+                     "--dataset", str(npz), "--devices", cfg.ranks.devices, *shared,
                      "--eval-on", "rank0", "--eval-every", "1", *pyg_only_flags(cfg),
                      "--out", str(run_folder(out, "pyg_mgpu", seed))],
         "dgl": [dgl_python, str(DGL_SCRIPT), "--npz", str(npz), "--devices", dgl_device,
@@ -383,13 +383,13 @@ def write_outputs(comparison: dict, verdict: Verdict, settings: dict, commands: 
 
 
 def shared_settings(cfg: TrainConfig, nprocs: int) -> dict:
-    return {"dataset": cfg.dataset, "ranks": nprocs, "fanout": ",".join(map(str, cfg.fanout)),
-            "batch size": cfg.batch_size, "hidden": cfg.hidden, "lr": cfg.lr,
-            "dropout": cfg.dropout, "epochs": cfg.epochs, "seed": cfg.seed}
+    return {"dataset": cfg.data.dataset, "ranks": nprocs, "fanout": ",".join(map(str, cfg.training.fanout)),
+            "batch size": cfg.training.batch_size, "hidden": cfg.model.hidden, "lr": cfg.model.lr,
+            "dropout": cfg.model.dropout, "epochs": cfg.training.epochs, "seed": cfg.training.seed}
 
 
 def run(cfg: TrainConfig, opts: CompareOptions) -> tuple[dict, Verdict]:
-    out = make_out_dir(cfg.out)
+    out = make_out_dir(cfg.outputs.out)
     if opts.compare_only:
         pyg_dir, dgl_dir = opts.compare_only
         comparison = compare_runs({"pyg_mgpu": [pyg_dir], "dgl": [dgl_dir]})
@@ -401,7 +401,7 @@ def run(cfg: TrainConfig, opts: CompareOptions) -> tuple[dict, Verdict]:
         npz = export_dataset(cfg, out / "data")
         dirs: dict[str, list[Path]] = {s: [] for s in SIDES}
         commands = []
-        for seed in range(cfg.seed, cfg.seed + opts.repeats):
+        for seed in range(cfg.training.seed, cfg.training.seed + opts.repeats):
             cmds = side_commands(cfg, npz, seed, out, dgl_python, opts.dgl_sampler)
             for side in SIDES:
                 run_dir = run_folder(out, side, seed)

@@ -56,29 +56,30 @@ def check_resumable(cfg, world_size: int) -> dict:
     Raises:
         ValueError: naming the missing file or the first setting that differs.
     """
-    path = Path(cfg.resume) / CHECKPOINT
+    path = Path(cfg.faults.resume) / CHECKPOINT
     if not path.is_file():
-        raise ValueError(f"--resume {cfg.resume}: no {CHECKPOINT} there; pass the --out folder "
+        raise ValueError(f"--resume {cfg.faults.resume}: no {CHECKPOINT} there; pass the --out folder "
                          "of a run that finished at least one epoch.")
     try:
         # mmap: the check reads the config, not the weights (each rank loads those itself).
         # To host memory: a GPU run's checkpoint must not open a CUDA context (or fail) here.
         ckpt = torch.load(path, weights_only=False, mmap=True, map_location="cpu")
     except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"--resume {cfg.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
+        raise ValueError(f"--resume {cfg.faults.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
                          "written by pyg_mgpu, or the disk lost it.")
     saved = ckpt["config"]
-    defaults = type(cfg)()  # settings newer than the checkpoint: it was trained with defaults
+    # Settings newer than the checkpoint: it was trained with their defaults.
+    defaults, settings = type(cfg)().flat(), cfg.flat()
     for key in cfg.RESUME_MUST_MATCH:
-        now, before = getattr(cfg, key), saved.get(key, getattr(defaults, key))
+        now, before = settings[key], saved.get(key, defaults[key])
         if isinstance(now, tuple):  # fanout, split_fractions: lists once saved
             now, before = list(now), list(before)
         if before != now:
-            raise ValueError(f"--resume {cfg.resume}: the checkpoint was trained with "
+            raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint was trained with "
                              f"{key}={before!r} but this run asks for {now!r}; use the "
                              "same settings.")
     if ckpt["world_size"] != world_size:
-        raise ValueError(f"--resume {cfg.resume}: the checkpoint has {ckpt['world_size']} "
+        raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint has {ckpt['world_size']} "
                          f"ranks but this run starts {world_size}; resume with the same count.")
     return ckpt
 

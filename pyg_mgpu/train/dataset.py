@@ -27,19 +27,19 @@ def load_configured(cfg: TrainConfig, *, for_training: bool = True,
     ``placement`` overrides ``--features-on`` (see :data:`pyg_mgpu.data.cache.PLACEMENTS`).
     """
     if cfg.is_hetero:
-        return load_hetero_graph(cfg.dataset, cfg.root, seed=cfg.seed)
-    spec = SyntheticSpec(num_nodes=cfg.num_nodes, num_edges=cfg.num_edges,
-                         num_features=cfg.num_features, num_classes=cfg.num_classes,
-                         train_fraction=cfg.split_fractions[0],
-                         val_fraction=cfg.split_fractions[1],
-                         test_fraction=cfg.split_fractions[2])
+        return load_hetero_graph(cfg.data.dataset, cfg.data.root, seed=cfg.training.seed)
+    spec = SyntheticSpec(num_nodes=cfg.synthetic.num_nodes, num_edges=cfg.synthetic.num_edges,
+                         num_features=cfg.synthetic.num_features, num_classes=cfg.synthetic.num_classes,
+                         train_fraction=cfg.synthetic.split_fractions[0],
+                         val_fraction=cfg.synthetic.split_fractions[1],
+                         test_fraction=cfg.synthetic.split_fractions[2])
     # The bf16 model reads its first layer's inputs in bf16 anyway (autocast rounds the
     # neighbour mean and the node's own row): stored so, the features take half the shared
     # memory and every batch gathers half the bytes (torch accumulates the mean in float32).
-    bf16 = for_training and cfg.amp == "bf16"
-    if placement is None and not cfg.no_cache and cfg.features_on != "auto":
-        placement = cfg.features_on  # shm or mmap; auto stays None
-    return load_graph(cfg.dataset, cfg.root, seed=cfg.seed, synthetic=spec,
+    bf16 = for_training and cfg.performance.amp == "bf16"
+    if placement is None and not cfg.data.no_cache and cfg.data.features_on != "auto":
+        placement = cfg.data.features_on  # shm or mmap; auto stays None
+    return load_graph(cfg.data.dataset, cfg.data.root, seed=cfg.training.seed, synthetic=spec,
                       feature_dtype=torch.bfloat16 if bf16 else torch.float32,
-                      cache_dir=None if cfg.no_cache else (cfg.cache_dir or default_cache_dir()),
+                      cache_dir=None if cfg.data.no_cache else (cfg.data.cache_dir or default_cache_dir()),
                       placement=placement, log=lambda line: print(line, flush=True))

@@ -185,7 +185,7 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     ddp.train()
     totals = totals or EpochTotals(ctx.device)
     check_equal_steps(len(loader), ctx)
-    depth = cfg.prefetch
+    depth = cfg.performance.prefetch
     if depth is None:
         # PyG's sampler takes no generator of its own; in a background thread its draws would
         # interleave with dropout's from process-wide random state, differently every run.
@@ -209,7 +209,7 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
             seeds = seed_store(batch)
             y = seeds.y[:seeds.batch_size]
             optimizer.zero_grad(set_to_none=True)
-            out = seed_logits(ddp, batch, trim=cfg.recipe == "pyg_mgpu", amp=cfg.amp == "bf16")
+            out = seed_logits(ddp, batch, trim=cfg.model.recipe == "pyg_mgpu", amp=cfg.performance.amp == "bf16")
             loss = F.cross_entropy(out, y)
             timer.lap("forward")
             loss.backward()

@@ -43,7 +43,7 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> ConvertedGra
     """
     # Local rank 0 first: it writes the cache (or OGB's processed files) the others then read.
     # A heterogeneous graph bypasses the cache (placement does not apply): a copy per rank.
-    if cfg.is_hetero or not cfg.no_cache:
+    if cfg.is_hetero or not cfg.data.no_cache:
         graph = load_configured(cfg, placement="mmap") if ctx.local_rank == 0 else None
         dist.barrier()
         return graph or load_configured(cfg, placement="mmap")
@@ -68,9 +68,9 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> ConvertedGra
 def check_same_resume(cfg: TrainConfig, ctx: RankContext) -> None:
     """Every rank decided alike whether to resume (``--resume auto`` looks for ``--out``'s
     checkpoint in each process, before the process group exists)."""
-    fewest, most = fewest_and_most(int(bool(cfg.resume)), ctx)
+    fewest, most = fewest_and_most(int(bool(cfg.faults.resume)), ctx)
     if fewest != most:
-        raise ValueError(f"--resume: some ranks found a checkpoint in {cfg.out or cfg.resume} "
+        raise ValueError(f"--resume: some ranks found a checkpoint in {cfg.outputs.out or cfg.faults.resume} "
                          "and others did not; give --out a folder every machine sees (a shared "
                          "filesystem).")
 
@@ -80,13 +80,13 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
     from pyg_mgpu.train.trainer import run_training
 
     # The pyg recipe is a baseline: its allocator is left as PyG's example runs it.
-    with torchrun_process_group(cfg.devices, timeout_s=cfg.timeout_s,
-                                tune_allocator=cfg.recipe == "pyg_mgpu",
-                                backend=cfg.backend, grace_s=cfg.grace_s) as ctx:
+    with torchrun_process_group(cfg.ranks.devices, timeout_s=cfg.ranks.timeout_s,
+                                tune_allocator=cfg.model.recipe == "pyg_mgpu",
+                                backend=cfg.ranks.backend, grace_s=cfg.faults.grace_s) as ctx:
         check_same_resume(cfg, ctx)
         start = time.perf_counter()
         graph = load_graph_once_per_node(cfg, ctx)
-        check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.batch_size)
+        check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.training.batch_size)
         if ctx.is_main:
             print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
                   f"{ctx.device.type}\n{cfg.recipe_summary()}", flush=True)

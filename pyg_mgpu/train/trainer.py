@@ -66,20 +66,20 @@ class Trainee:
 
 def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Trainee:
     """The model (identical initial weights on every rank), wrapped in DDP, and its optimizer."""
-    torch.manual_seed(cfg.seed)
-    ours = cfg.recipe == "pyg_mgpu"
+    torch.manual_seed(cfg.training.seed)
+    ours = cfg.model.recipe == "pyg_mgpu"
     # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
     # --compile inductor fuses PyG's plain ReLU and dropout instead.
     if graph.is_hetero:
-        model = HeteroGNN(graph.data.metadata(), graph.num_features, cfg.hidden,
-                          graph.num_classes, cfg.num_layers, graph.target, cfg.dropout,
-                          conv=cfg.model).to(ctx.device)
+        model = HeteroGNN(graph.data.metadata(), graph.num_features, cfg.model.hidden,
+                          graph.num_classes, cfg.training.num_layers, graph.target, cfg.model.dropout,
+                          conv=cfg.model.model).to(ctx.device)
     else:
-        model = build_model(cfg.model, graph.num_features, cfg.hidden, graph.num_classes,
-                            cfg.num_layers, cfg.dropout, heads=cfg.heads, norm=cfg.norm,
+        model = build_model(cfg.model.model, graph.num_features, cfg.model.hidden, graph.num_classes,
+                            cfg.training.num_layers, cfg.model.dropout, heads=cfg.model.heads, norm=cfg.model.norm,
                             sparse_aggregation=ours,
-                            fast_dropout=ours and not cfg.compile).to(ctx.device)
-    if cfg.compile:
+                            fast_dropout=ours and not cfg.performance.compile).to(ctx.device)
+    if cfg.performance.compile:
         model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
     # CPU ranks overlap the gradient all-reduce with loading the next batch; PyG's recipe
     # keeps DDP as its example has it. (On GPUs NCCL's all-reduce is asynchronous already.)
@@ -87,8 +87,8 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None, gradient_as_bucket_view=defer_allreduce)
     grad_sync = DeferredAllReduce(ddp) if defer_allreduce else None
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    torch.manual_seed(cfg.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.model.lr, weight_decay=cfg.model.weight_decay)
+    torch.manual_seed(cfg.training.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
     return Trainee(model, ddp, optimizer, grad_sync)
 
 
@@ -100,7 +100,7 @@ class Evaluator:
                  feature_cache: Optional[FeatureCache] = None):
         self.ctx, self.graph, self.cfg = ctx, graph, cfg
         self.feature_cache = feature_cache
-        self.sharded = cfg.eval_on == "all"
+        self.sharded = cfg.evaluation.eval_on == "all"
         self.sampler = sampler
 
     def _loader(self, nodes: torch.Tensor) -> NeighborLoader:
@@ -108,9 +108,9 @@ class Evaluator:
             nodes = eval_shard(nodes, self.ctx.rank, self.ctx.world_size)
         # Same seed on every rank and in every mode: the eval sample depends on the node only
         # through the batch it lands in, and with fanout -1 not at all.
-        return make_loader(self.graph, nodes, fanout=self.cfg.fanout, sampler=self.sampler,
-                           seed=self.cfg.seed + 7919,
-                           batch_size=self.cfg.eval_batch_size or self.cfg.batch_size,
+        return make_loader(self.graph, nodes, fanout=self.cfg.training.fanout, sampler=self.sampler,
+                           seed=self.cfg.training.seed + 7919,
+                           batch_size=self.cfg.evaluation.eval_batch_size or self.cfg.training.batch_size,
                            feature_cache=self.feature_cache, device=self.ctx.device)
 
     def accuracy(self, model: torch.nn.Module, nodes: torch.Tensor) -> float:
@@ -118,7 +118,7 @@ class Evaluator:
         if self.sharded or self.ctx.is_main:
             result[0] = accuracy(model, self._loader(nodes), device=self.ctx.device,
                                  sum_over_ranks=self.sharded,
-                                 forward=partial(seed_logits, amp=self.cfg.amp == "bf16"))
+                                 forward=partial(seed_logits, amp=self.cfg.performance.amp == "bf16"))
         if not self.sharded:
             # Others wait at the broadcast (the recipe's barrier) while rank 0 evaluates.
             result = result.to(self.ctx.collective_device)
@@ -139,15 +139,15 @@ class RankData:
 
 def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> RankData:
     """Places the graph for this rank and builds its sharded training loader and evaluator."""
-    sampler = resolve_sampler(cfg.sampler)
-    graph = place_graph(graph, ctx.device, cfg.graph_on, sampler, _least_free_gpu_bytes(ctx))
-    feature_cache = make_feature_cache(graph, ctx.device, cfg.feature_cache_gb)
+    sampler = resolve_sampler(cfg.training.sampler)
+    graph = place_graph(graph, ctx.device, cfg.performance.graph_on, sampler, _least_free_gpu_bytes(ctx))
+    feature_cache = make_feature_cache(graph, ctx.device, cfg.performance.feature_cache_gb)
     if feature_cache is not None and ctx.is_main:
         tqdm.write(f"graph in host memory; {feature_cache.num_cached:,} hottest feature rows "
                    f"({feature_cache.nbytes() / 2**30:.2f} GiB) cached on the GPU")
-    train_loader = make_loader(graph, graph.train_idx, fanout=cfg.fanout, sampler=sampler,
-                               seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
-                               batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+    train_loader = make_loader(graph, graph.train_idx, fanout=cfg.training.fanout, sampler=sampler,
+                               seed=cfg.training.seed, rank=ctx.rank, world_size=ctx.world_size,
+                               batch_size=cfg.training.batch_size, num_workers=cfg.performance.num_workers,
                                feature_cache=feature_cache, device=ctx.device)
     return RankData(graph, sampler, train_loader,
                     Evaluator(graph, cfg, ctx, sampler, feature_cache), feature_cache)
@@ -192,7 +192,7 @@ class StepCheckpoints:
                  progress: Progress, out: Path, sampler):
         self.cfg, self.ctx, self.trainee = cfg, ctx, trainee
         self.progress, self.out, self.sampler = progress, out, sampler
-        self.agreement = StopAgreement(cfg.checkpoint_every_s)
+        self.agreement = StopAgreement(cfg.faults.checkpoint_every_s)
         self.epoch, self.steps, self.start = 0, 0, 0.0
 
     def begin_epoch(self, epoch: int, steps: int, start: float) -> None:
@@ -201,7 +201,7 @@ class StepCheckpoints:
 
     def after_step(self, done: int, totals: EpochTotals, sampler_state) -> None:
         decision = self.agreement.after_step()
-        every = self.cfg.checkpoint_every_steps
+        every = self.cfg.faults.checkpoint_every_steps
         inside = done < self.steps  # at the epoch's end the epoch checkpoint follows
         periodic = every is not None and ((self.epoch - 1) * self.steps + done) % every == 0
         if decision.stop or (inside and (periodic or decision.checkpoint)):
@@ -241,10 +241,10 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
     Between steps the ranks agree whether to stop (a stop signal reached any of them) or to
     write a step checkpoint (:class:`StepCheckpoints`).
     """
-    timer = StageTimer(ctx.device, sync=cfg.profile)
+    timer = StageTimer(ctx.device, sync=cfg.performance.profile)
     between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler)
     try:
-        for epoch in range(progress.next_epoch, cfg.epochs + 1):
+        for epoch in range(progress.next_epoch, cfg.training.epochs + 1):
             # A checkpoint taken inside this epoch: its steps done, sums and seconds so far.
             resumed, progress.resume_step = progress.resume_step, None
             done = resumed.done if resumed else 0
@@ -258,7 +258,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
                 trainee.grad_sync, totals=totals, done=done, after_step=between.after_step)
             epoch_time = time.perf_counter() - start
             val_acc, eval_time = None, 0.0
-            if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+            if epoch % cfg.evaluation.eval_every == 0 or epoch == cfg.training.epochs:
                 start = time.perf_counter()
                 val_acc = data.evaluator.accuracy(trainee.model, data.graph.val_idx)
                 eval_time = time.perf_counter() - start
@@ -273,14 +273,14 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
                                      "epoch_time_s": epoch_time, "eval_time_s": eval_time,
                                      "stage_times_s": dict(timer.seconds)})
             progress.next_epoch = epoch + 1
-            warnings = collapse_warnings(progress.history, lr=cfg.lr, norm=cfg.norm,
-                                         model=cfg.model)
+            warnings = collapse_warnings(progress.history, lr=cfg.model.lr, norm=cfg.model.norm,
+                                         model=cfg.model.model)
             if ctx.is_main:
                 val = "-" if val_acc is None else f"{val_acc:.4f}"
                 tqdm.write(f"epoch {epoch:3d} | loss {train_loss:.4f} | train acc "
                            f"{train_acc:.4f} | val acc {val} | {epoch_time:.2f}s train, "
                            f"{eval_time:.2f}s eval")
-                if cfg.profile:
+                if cfg.performance.profile:
                     stages = ", ".join(f"{k} {v:.2f}s" for k, v in timer.seconds.items())
                     tqdm.write(f"          stages (rank 0): {stages}")
                 for warning in warnings:
@@ -301,12 +301,12 @@ def evaluate_best(cfg: TrainConfig, ctx: RankContext, model: torch.nn.Module, da
     ``--inference layerwise`` the exact (all-neighbour) validation and test accuracies."""
     model.load_state_dict(progress.best_state)
     results = {"test_acc": data.evaluator.accuracy(model, data.graph.test_idx)}
-    if cfg.inference != "layerwise":
+    if cfg.evaluation.inference != "layerwise":
         return results
     start = time.perf_counter()
     graph = data.graph
-    batch_size = cfg.eval_batch_size or cfg.batch_size
-    if cfg.model == "sage":  # the fast path's own inference, sharded over the ranks
+    batch_size = cfg.evaluation.eval_batch_size or cfg.training.batch_size
+    if cfg.model.model == "sage":  # the fast path's own inference, sharded over the ranks
         logits = layerwise_logits(model, graph, rank=ctx.rank, world_size=ctx.world_size,
                                   batch_size=batch_size, device=ctx.device)
     elif ctx.is_main:  # PyG's models: their own BasicGNN.inference, on rank 0
@@ -338,15 +338,15 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
         "device": ctx.device.type,
         "backend": ctx.backend,
         "sampler": data.sampler,
-        "recipe": cfg.recipe,
-        "model": cfg.model,
-        "amp": cfg.amp,
+        "recipe": cfg.model.recipe,
+        "model": cfg.model.model,
+        "amp": cfg.performance.amp,
         "steps_per_epoch": data.train_loader.epoch_sampler.steps_per_epoch,
         "train_nodes": graph.train_idx.numel(),
         "threads_per_rank": torch.get_num_threads(),
         "config": cfg.to_dict(),
         "epochs": history,
-        "warnings": collapse_warnings(history, lr=cfg.lr, norm=cfg.norm, model=cfg.model),
+        "warnings": collapse_warnings(history, lr=cfg.model.lr, norm=cfg.model.norm, model=cfg.model.model),
         "best_val_acc": progress.best["val_acc"],
         "best_epoch": progress.best["epoch"],
         **results,
@@ -381,8 +381,8 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
     data = build_loaders(cfg, graph, ctx)
     progress = Progress(history=[], best={"val_acc": -1.0, "epoch": 0},
                         best_state=copy.deepcopy(trainee.model.state_dict()))
-    if cfg.resume:
-        ckpt = restore_checkpoint(cfg.resume, ctx, trainee.model, trainee.optimizer,
+    if cfg.faults.resume:
+        ckpt = restore_checkpoint(cfg.faults.resume, ctx, trainee.model, trainee.optimizer,
                                   data.train_loader.node_sampler)
         progress = Progress(ckpt["history"], ckpt["best"], ckpt["best_state"],
                             next_epoch=ckpt["epoch"] + 1)
@@ -392,12 +392,12 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
                                                 step["totals"][ctx.rank],
                                                 elapsed_s=step["elapsed_s"])
         if ctx.is_main:
-            tqdm.write(f"resumed from {cfg.resume}, {describe(ckpt)}")
+            tqdm.write(f"resumed from {cfg.faults.resume}, {describe(ckpt)}")
     progress = fit(cfg, ctx, trainee, data, progress, out)
     results = evaluate_best(cfg, ctx, trainee.model, data, progress)
     report(cfg, ctx, data, progress, results, out, run_info or {},
            time.perf_counter() - wall_start)
-    if cfg.compile:
+    if cfg.performance.compile:
         _stop_compile_workers()
 
 
