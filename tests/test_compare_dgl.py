@@ -12,10 +12,10 @@ import pytest
 
 from pyg_mgpu.compare_dgl import main
 from pyg_mgpu.tools import compare_dgl
-from pyg_mgpu.tools.compare_dgl import (EXIT_ACCURACY_GAP, EXIT_BAD_INPUT, EXIT_SIDE_FAILED, SIDES,
-                                        SideFailed, check, compare_runs, format_table, run_side,
-                                        side_commands, steady_epoch_time, summarize_run,
-                                        summarize_side)
+from pyg_mgpu.tools.compare_dgl import (EXIT_ACCURACY_GAP, EXIT_BAD_INPUT, EXIT_SIDE_FAILED,
+                                        SideFailed, run_side, side_commands)
+from pyg_mgpu.tools.comparison import (SIDES, check, compare_runs, format_table,
+                                       steady_epoch_time, summarize_run, summarize_side)
 from pyg_mgpu.train.config import TrainConfig
 
 REQUIRED = ("test_acc", "best_val_acc", "epoch_time_s", "peak_mem_mb")
