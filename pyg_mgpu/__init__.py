@@ -20,6 +20,7 @@ from pyg_mgpu.data.datasets import load_dataset
 from pyg_mgpu.distributed.context import JobStopped, RankContext, RankFailed
 from pyg_mgpu.distributed.launch import spawn
 from pyg_mgpu.sampling.bidirectional import BidirectionalNeighborSampler
+from pyg_mgpu.sampling.link_neighbor_loader import LinkNeighborLoader
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train import evaluation
@@ -28,6 +29,7 @@ from pyg_mgpu.train.evaluation import accuracy, global_ratio, layerwise_inferenc
 __all__ = [
     "BidirectionalNeighborSampler",
     "JobStopped",
+    "LinkNeighborLoader",
     "NeighborLoader",
     "NeighborSampler",
     "RankContext",

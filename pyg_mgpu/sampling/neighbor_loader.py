@@ -129,10 +129,11 @@ class NeighborLoader(PyGNeighborLoader):
     ):
         self.epoch_sampler: Optional[EpochBatchSampler] = None
         if distributed:
-            rank, world_size = _rank_and_world_size(rank, world_size)
+            rank, world_size = rank_and_world_size(rank, world_size)
             seed = 0 if seed is None else seed
-            self.epoch_sampler = _epoch_sampler(data, input_nodes, kwargs, seed=seed, rank=rank,
-                                                world_size=world_size)
+            self.epoch_sampler = epoch_sampler(get_input_nodes(data, input_nodes)[1].numel(),
+                                               kwargs, seed=seed, rank=rank,
+                                               world_size=world_size)
             kwargs["batch_sampler"] = self.epoch_sampler
         if neighbor_sampler is None:
             neighbor_sampler = NeighborSampler(
@@ -163,19 +164,10 @@ class NeighborLoader(PyGNeighborLoader):
                              "checkpoint can name a position in).")
 
     def filter_fn(self, out):
-        # A batch is a shallow copy of the graph; it must not carry the graph's CSC along
-        # (DataLoader workers would pickle it with every batch).
-        batch = super().filter_fn(out)
-        # Each edge type's CSC is cached with its store. The CSC keeps the edge permutation
-        # as int32 where it fits; e_id is int64, as PyG's.
-        for store in batch.edge_stores:
-            drop_cached_csc(store)
-            if "e_id" in store:
-                store.e_id = store.e_id.long()
-        return drop_cached_csc(batch) if isinstance(batch, Data) else batch
+        return without_csc(super().filter_fn(out))
 
 
-def _rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
+def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
     if rank is None or world_size is None:
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("distributed=True needs rank= and world_size=, or an initialized "
@@ -188,17 +180,27 @@ def _rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tupl
     return rank, world_size
 
 
-def _epoch_sampler(data: Data, input_nodes, kwargs: dict, *, seed: int, rank: int,
-                   world_size: int) -> EpochBatchSampler:
-    """Takes DataLoader's batching arguments out of ``kwargs`` into an epoch batch sampler."""
+def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,
+                  world_size: int) -> EpochBatchSampler:
+    """Takes DataLoader's batching arguments out of ``kwargs`` into an epoch batch sampler over
+    ``num_inputs`` seeds (nodes, or edges)."""
     if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
         raise ValueError("distributed=True makes its own batches; drop sampler= / "
                          "batch_sampler=.")
     if kwargs.pop("drop_last", False):
-        raise ValueError("distributed=True drops no input node: every rank gets the same "
-                         "number of batches of near-equal size; drop drop_last=True.")
+        raise ValueError("distributed=True drops no input: every rank gets the same number of "
+                         "batches of near-equal size; drop drop_last=True.")
     batch_size = kwargs.pop("batch_size", 1)
     shuffle = kwargs.pop("shuffle", False)
-    num_inputs = get_input_nodes(data, input_nodes)[1].numel()
     return EpochBatchSampler(num_inputs, seed=seed, rank=rank, world_size=world_size,
                              batch_size=batch_size, shuffle=shuffle)
+
+
+def without_csc(batch):
+    """A batch without the graph's cached CSCs (a batch is a shallow copy of the graph, and
+    DataLoader workers would pickle the CSC with every batch), its ``e_id`` int64 as PyG's."""
+    for store in batch.edge_stores:
+        drop_cached_csc(store)
+        if "e_id" in store:
+            store.e_id = store.e_id.long()  # the CSC keeps the permutation int32 where it fits
+    return drop_cached_csc(batch) if isinstance(batch, Data) else batch

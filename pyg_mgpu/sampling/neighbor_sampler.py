@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.sampler import NeighborSampler as PyGNeighborSampler
-from torch_geometric.sampler import HeteroSamplerOutput, NodeSamplerInput, SamplerOutput
+from torch_geometric.sampler import (EdgeSamplerInput, HeteroSamplerOutput, NegativeSampling,
+                                     NodeSamplerInput, SamplerOutput)
 from torch_geometric.sampler.base import DataType, SubgraphType
 
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
@@ -153,6 +154,7 @@ class NeighborSampler(PyGNeighborSampler):
         self.disjoint = disjoint  # PyG's property: always True when temporal
         self.temporal_strategy = temporal_strategy
         self.keep_orig_edges = False
+        self.negatives_from_generator = False
         self._start_generator(seed)
 
     def _start_generator(self, seed: Optional[int]) -> None:
@@ -198,6 +200,26 @@ class NeighborSampler(PyGNeighborSampler):
     def sample_from_nodes(self, inputs: NodeSamplerInput, **kwargs) -> SamplerOutput:
         start = time.perf_counter()
         out = super().sample_from_nodes(inputs)
+        self.busy_s += time.perf_counter() - start
+        return out
+
+    def sample_from_edges(self, inputs: EdgeSamplerInput,
+                          neg_sampling: Optional[NegativeSampling] = None):
+        """PyG's edge sampling. PyG draws the negatives from torch's global random state; with
+        :attr:`negatives_from_generator` (``pyg_mgpu.LinkNeighborLoader(distributed=True)``)
+        they come from this sampler's own generator instead, so ranks that share the global
+        seed (for identical model weights) still draw independent negatives, and a run
+        repeats them."""
+        start = time.perf_counter()
+        if neg_sampling is None or not self.negatives_from_generator:
+            out = super().sample_from_edges(inputs, neg_sampling)
+        else:
+            seed = int(torch.randint(2**62, (), dtype=torch.long, device=self.device,
+                                     generator=self.generator))
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):  # the caller's state stays as it was
+                torch.manual_seed(seed)
+                out = super().sample_from_edges(inputs, neg_sampling)
         self.busy_s += time.perf_counter() - start
         return out
 

@@ -1,0 +1,99 @@
+"""``pyg_mgpu.LinkNeighborLoader``: PyG's ``LinkNeighborLoader`` on our sampler, plus distributed
+epochs of seed edges.
+
+It is ``torch_geometric.loader.LinkNeighborLoader`` itself, handed a
+:class:`pyg_mgpu.NeighborSampler`, so batches are PyG's: ``edge_label_index`` and
+``edge_label`` (or ``src_index``, ``dst_pos_index``, ``dst_neg_index`` for triplet negatives)
+relabelled to the batch's nodes, ``n_id``, ``e_id``, ``input_id``, ``edge_label_time`` for
+temporal sampling, on ``Data``, ``HeteroData`` and ``(FeatureStore, GraphStore)`` inputs.
+
+``distributed=True`` adds what :class:`pyg_mgpu.NeighborLoader` adds for seed nodes: each epoch
+the seed edges are permuted alike on every rank and cut into equal shards, every rank runs the
+same number of batches, and every seed edge is used once per epoch across ranks. Each rank
+draws its negatives from its own sampler's generator, not from torch's global state (which
+ranks share when they seed their models alike).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from torch import Tensor
+from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
+from torch_geometric.loader.utils import get_edge_label_index
+
+from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, epoch_sampler,
+                                               rank_and_world_size, without_csc)
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+
+
+class LinkNeighborLoader(PyGLinkNeighborLoader):
+    """A drop-in for ``torch_geometric.loader.LinkNeighborLoader`` that needs neither pyg-lib
+    nor torch-sparse.
+
+    Takes PyG's arguments (see its documentation) and these keyword-only ones:
+
+    Args:
+        distributed: Shard the seed edges over ranks with equal step counts; call
+            :meth:`set_epoch` before each epoch (``shuffle=True`` permutes each epoch).
+        rank, world_size: This rank and the rank count; default: the initialized process
+            group's.
+        seed: Seeds the epochs' permutations (the same on every rank) and this rank's sampler
+            (``seed * 1009 + rank``: its neighbours and negatives). Default 0 with
+            ``distributed=True``, else a seed drawn from torch's global generator.
+
+    Example:
+        Binary negatives, one per positive edge, for a link predictor over a ``Data``:
+
+        >>> from torch_geometric.data import Data
+        >>> data = Data(x=torch.randn(6, 4), edge_index=torch.tensor([[0, 1, 2, 3, 4],
+        ...                                                            [1, 2, 3, 4, 5]]))
+        >>> loader = pyg_mgpu.LinkNeighborLoader(data, [2, 2], batch_size=2,
+        ...                                      neg_sampling_ratio=1.0)
+        >>> batch = next(iter(loader))
+        >>> batch.edge_label_index.shape, batch.edge_label.tolist()
+        (torch.Size([2, 4]), [1.0, 1.0, 0.0, 0.0])
+    """
+
+    def __init__(self, data, num_neighbors, edge_label_index=None,
+                 edge_label: Optional[Tensor] = None, edge_label_time: Optional[Tensor] = None,
+                 replace: bool = False, subgraph_type="directional", disjoint: bool = False,
+                 temporal_strategy: str = "uniform", neg_sampling=None,
+                 neg_sampling_ratio=None, time_attr: Optional[str] = None,
+                 weight_attr: Optional[str] = None, transform: Optional[Callable] = None,
+                 transform_sampler_output: Optional[Callable] = None, is_sorted: bool = False,
+                 filter_per_worker: Optional[bool] = None,
+                 neighbor_sampler: Optional[NeighborSampler] = None, directed: bool = True,
+                 *, distributed: bool = False, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
+        self.epoch_sampler: Optional[EpochBatchSampler] = None
+        if distributed:
+            rank, world_size = rank_and_world_size(rank, world_size)
+            seed = 0 if seed is None else seed
+            num_edges = get_edge_label_index(data, edge_label_index)[1].size(1)
+            self.epoch_sampler = epoch_sampler(num_edges, kwargs, seed=seed, rank=rank,
+                                               world_size=world_size)
+            kwargs["batch_sampler"] = self.epoch_sampler
+        if neighbor_sampler is None:
+            neighbor_sampler = NeighborSampler(
+                data, num_neighbors=num_neighbors, replace=replace, subgraph_type=subgraph_type,
+                disjoint=disjoint, temporal_strategy=temporal_strategy, time_attr=time_attr,
+                weight_attr=weight_attr, is_sorted=is_sorted,
+                share_memory=kwargs.get("num_workers", 0) > 0, directed=directed,
+                seed=None if seed is None else seed * 1009 + (rank or 0))
+            neighbor_sampler.negatives_from_generator = distributed
+        super().__init__(data, num_neighbors, edge_label_index=edge_label_index,
+                         edge_label=edge_label, edge_label_time=edge_label_time,
+                         neg_sampling=neg_sampling, neg_sampling_ratio=neg_sampling_ratio,
+                         time_attr=time_attr, transform=transform,
+                         transform_sampler_output=transform_sampler_output,
+                         filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
+                         **kwargs)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch's permutation of the seed edges (``distributed=True``; otherwise
+        does nothing)."""
+        if self.epoch_sampler is not None:
+            self.epoch_sampler.set_epoch(epoch)
+
+    def filter_fn(self, out):
+        return without_csc(super().filter_fn(out))

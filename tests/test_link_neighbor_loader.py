@@ -1,0 +1,132 @@
+"""``pyg_mgpu.LinkNeighborLoader``: PyG's link loader on pyg_mgpu's sampler (the same batches as
+PyG's class handed that sampler), and with ``distributed=True`` equal steps on every rank, every
+seed edge once per epoch over the ranks, and each rank's own negatives."""
+import pytest
+import torch
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
+
+import pyg_mgpu
+
+
+def graph(num_nodes=80, num_edges=400, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(num_nodes, (2, num_edges), generator=gen)
+    return Data(x=torch.arange(num_nodes).float().view(-1, 1), edge_index=edge_index,
+                edge_attr=torch.arange(num_edges))
+
+
+def positives_are_edges(data, batch):
+    label_index = batch.n_id[batch.edge_label_index]
+    positive = batch.edge_label == 1
+    edges = set(map(tuple, data.edge_index.t().tolist()))
+    assert all(tuple(pair) in edges for pair in label_index[:, positive].t().tolist())
+
+
+@pytest.mark.parametrize("options", [{"neg_sampling_ratio": 1.0},
+                                     {"neg_sampling": dict(mode="triplet", amount=2)},
+                                     {"disjoint": True, "neg_sampling_ratio": 0.5}])
+def test_the_batches_of_pygs_loader_on_the_same_sampler(options):
+    data = graph()
+    ours = pyg_mgpu.LinkNeighborLoader(data, [3, 2], batch_size=32, shuffle=True, seed=4,
+                                       **options)
+    theirs = PyGLinkNeighborLoader(
+        data, [3, 2], batch_size=32, shuffle=True,
+        neighbor_sampler=pyg_mgpu.NeighborSampler(data, [3, 2], seed=4 * 1009,
+                                                  disjoint=options.get("disjoint", False)),
+        **options)
+    torch.manual_seed(0)
+    a = list(ours)
+    torch.manual_seed(0)
+    b = list(theirs)
+    assert len(a) == len(b) == 13
+    for x, y in zip(a, b):
+        assert set(x.keys()) == set(y.keys())
+        for key in x.keys():
+            if isinstance(x[key], torch.Tensor):
+                assert torch.equal(x[key], y[key]), key
+    if "neg_sampling_ratio" in options:
+        for batch in a:
+            positives_are_edges(data, batch)
+
+
+def epoch(loaders, epoch_number):
+    """Each rank's batches of one epoch."""
+    out = []
+    for loader in loaders:
+        loader.set_epoch(epoch_number)
+        out.append(list(loader))
+    return out
+
+
+@pytest.mark.parametrize("num_edges, world_size, batch_size", [(400, 3, 32), (10, 4, 8),
+                                                               (97, 2, 5)])
+def test_distributed_epochs_use_every_seed_edge_once_in_equal_steps(num_edges, world_size,
+                                                                    batch_size):
+    data = graph(num_edges=num_edges)
+    loaders = [pyg_mgpu.LinkNeighborLoader(data, [2], batch_size=batch_size, shuffle=True,
+                                           neg_sampling_ratio=1.0, distributed=True, rank=r,
+                                           world_size=world_size, seed=7)
+               for r in range(world_size)]
+    orders = []
+    for e in range(2):
+        batches = epoch(loaders, e)
+        assert len({len(rank) for rank in batches}) == 1  # equal steps on every rank
+        assert all(len(rank) == len(loader) for rank, loader in zip(batches, loaders))
+        seen = torch.cat([b.input_id for rank in batches for b in rank])
+        assert sorted(seen.tolist()) == list(range(num_edges))  # each seed edge once
+        orders.append(seen)
+        for rank in batches:
+            for batch in rank:
+                positives_are_edges(data, batch)
+    assert not torch.equal(orders[0], orders[1])  # set_epoch reshuffles
+
+
+def test_each_rank_draws_its_own_negatives_and_repeats_them():
+    data = graph()
+
+    def negatives(rank, seed=7):
+        torch.manual_seed(0)  # ranks seed their models alike: the global state is shared
+        loader = pyg_mgpu.LinkNeighborLoader(data, [2], batch_size=400, neg_sampling_ratio=1.0,
+                                             distributed=True, rank=rank, world_size=2,
+                                             seed=seed)
+        loader.set_epoch(0)
+        batch = next(iter(loader))
+        return batch.n_id[batch.edge_label_index[:, batch.edge_label == 0]]
+
+    zero, one = negatives(0), negatives(1)
+    assert not torch.equal(zero, one)
+    assert torch.equal(zero, negatives(0))  # the same seed repeats them
+    assert not torch.equal(zero, negatives(0, seed=8))
+
+
+def test_heterogeneous_seed_edges_are_sharded_too():
+    data = HeteroData()
+    data["user"].x = torch.randn(30, 4)
+    data["item"].x = torch.randn(20, 4)
+    gen = torch.Generator().manual_seed(1)
+    buys = torch.stack([torch.randint(30, (120,), generator=gen),
+                        torch.randint(20, (120,), generator=gen)])
+    data["user", "buys", "item"].edge_index = buys
+    data["item", "rev_buys", "user"].edge_index = buys.flip(0)
+    et = ("user", "buys", "item")
+    loaders = [pyg_mgpu.LinkNeighborLoader(data, [3, 2], edge_label_index=(et, buys),
+                                           batch_size=16, shuffle=True, neg_sampling_ratio=1.0,
+                                           distributed=True, rank=r, world_size=2, seed=3)
+               for r in range(2)]
+    batches = epoch(loaders, 0)
+    assert len(batches[0]) == len(batches[1]) == 4
+    seen = torch.cat([b[et].input_id for rank in batches for b in rank])
+    assert sorted(seen.tolist()) == list(range(120))
+    for batch in batches[0]:
+        pairs = torch.stack([batch["user"].n_id[batch[et].edge_label_index[0]],
+                             batch["item"].n_id[batch[et].edge_label_index[1]]])
+        positive = pairs[:, batch[et].edge_label == 1]
+        edges = set(map(tuple, buys.t().tolist()))
+        assert all(tuple(p) in edges for p in positive.t().tolist())
+
+
+def test_distributed_refuses_its_own_batching_overridden():
+    with pytest.raises(ValueError, match="drop_last"):
+        pyg_mgpu.LinkNeighborLoader(graph(), [2], batch_size=8, drop_last=True,
+                                    distributed=True, rank=0, world_size=2)
