@@ -25,6 +25,7 @@ from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.train import evaluation
 from pyg_mgpu.train.evaluation import accuracy, global_ratio, layerwise_inference
+from pyg_mgpu.train.ranking import global_auc, ranking_metrics
 
 __all__ = [
     "BidirectionalNeighborSampler",
@@ -36,9 +37,11 @@ __all__ = [
     "RankFailed",
     "accuracy",
     "evaluation",
+    "global_auc",
     "global_ratio",
     "layerwise_inference",
     "load_dataset",
+    "ranking_metrics",
     "share_data",
     "spawn",
 ]

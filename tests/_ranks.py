@@ -89,3 +89,14 @@ def deferred_vs_blocking_allreduce(ctx, result):
     gathered = [torch.empty_like(params[1]) for _ in range(ctx.world_size)]
     dist.all_gather(gathered, params[1])
     result[ctx.rank, 2] = (gathered[0] - gathered[1]).abs().max()
+
+
+def link_metrics_over_ranks(ctx, scores, labels, pos, neg, result):
+    """Rank r evaluates every other edge from r (AUC) and every other query from r (ranking)."""
+    import pyg_mgpu
+    mine = slice(ctx.rank, None, ctx.world_size)
+    result[ctx.rank, 0] = pyg_mgpu.global_auc(scores[mine], labels[mine])
+    result[ctx.rank, 1] = pyg_mgpu.global_auc(scores[mine], labels[mine], sum_over_ranks=False)
+    metrics = pyg_mgpu.ranking_metrics(pos[mine], neg[mine], ks=(1, 3))
+    result[ctx.rank, 2:5] = torch.tensor([metrics["mrr"], metrics["hits@1"], metrics["hits@3"]],
+                                         dtype=result.dtype)

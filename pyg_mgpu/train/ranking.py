@@ -1,0 +1,130 @@
+"""Link-prediction metrics over every rank's edges, exact: ROC AUC, mean reciprocal rank and
+hits@k.
+
+A rank's AUC over its own edges, averaged over ranks, is not the AUC over all of them (the
+pairs across ranks are never compared). :func:`global_auc` gathers every rank's scores once,
+at the end of an evaluation, and ranks them together. Per-query metrics (:func:`ranking_metrics`:
+a positive edge against its own negatives) are sums over queries, added over the ranks with
+one all-reduce and divided once, as :func:`~pyg_mgpu.train.evaluation.global_ratio` does.
+Nothing here reads a GPU value back before the end.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pyg_mgpu.train.evaluation import all_reduce_sum
+
+
+def all_gather_cat(values: Tensor) -> Tensor:
+    """Every rank's ``values`` (1-D, any length per rank), concatenated in rank order.
+
+    A collective: every rank must call it. Without an initialized process group ``values``
+    is returned unchanged.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    # NCCL gathers CUDA tensors only; gloo takes host tensors.
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    local = values.reshape(-1).to(device)
+    size = torch.tensor([local.numel()], device=device)
+    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    sizes = [int(s) for s in sizes]
+    padded = torch.zeros(max(sizes), dtype=local.dtype, device=device)
+    padded[:local.numel()] = local
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes)]).to(values.device)
+
+
+def auc(scores: Tensor, labels: Tensor) -> float:
+    """ROC AUC: the probability that a positive scores above a negative, ties counting half
+    (the Mann-Whitney statistic over midranks)."""
+    scores, labels = scores.reshape(-1).double(), labels.reshape(-1).bool()
+    num_pos = int(labels.sum())
+    num_neg = labels.numel() - num_pos
+    if num_pos == 0 or num_neg == 0:
+        raise ValueError(f"AUC needs positive and negative labels; got {num_pos} positive and "
+                         f"{num_neg} negative.")
+    order = torch.argsort(scores)
+    _, inverse, counts = torch.unique_consecutive(scores[order], return_inverse=True,
+                                                  return_counts=True)
+    # Tied scores share the mean of the ranks (1-based) they occupy.
+    ends = torch.cumsum(counts, 0).double()
+    midrank = ends - (counts.double() - 1) / 2
+    ranks = torch.empty_like(scores)
+    ranks[order] = midrank[inverse]
+    pos_rank_sum = ranks[labels].sum()
+    return float((pos_rank_sum - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg))
+
+
+def global_auc(scores: Tensor, labels: Tensor, *, sum_over_ranks: bool = True) -> float:
+    """ROC AUC of ``scores`` against binary ``labels`` over every rank's edges, exact.
+
+    Args:
+        scores: This rank's scores (any shape; higher means more likely an edge).
+        labels: 1 for a true edge, 0 for a negative, one per score.
+        sum_over_ranks: Gather every rank's scores first (a collective: every rank must
+            call). False: this rank's own AUC (evaluation on rank 0 alone).
+
+    Example:
+        >>> scores = torch.tensor([0.9, 0.8, 0.3, 0.8, 0.1])
+        >>> labels = torch.tensor([1, 1, 1, 0, 0])
+        >>> pyg_mgpu.global_auc(scores, labels, sum_over_ranks=False)  # (2 + 0.5 + 2) / 6
+        0.75
+    """
+    if scores.numel() != labels.numel():
+        raise ValueError(f"scores has {scores.numel()} entries and labels "
+                         f"{labels.numel()}; give one label per score.")
+    if sum_over_ranks:
+        scores = all_gather_cat(scores.reshape(-1).double())
+        labels = all_gather_cat(labels.reshape(-1).long())
+    return auc(scores, labels)
+
+
+def ranking_metrics(pos_scores: Tensor, neg_scores: Tensor, ks: Sequence[int] = (1, 10, 50), *,
+                    sum_over_ranks: bool = True) -> dict[str, float]:
+    """Mean reciprocal rank and hits@k of each positive edge against its own negatives, over
+    every rank's queries, exact.
+
+    A positive's rank is 1 plus the negatives scoring above it, ties counting half (OGB's
+    link-prediction rank: the mean of its optimistic and pessimistic ranks).
+
+    Args:
+        pos_scores: ``[Q]`` this rank's positive scores, one per query.
+        neg_scores: ``[Q, N]`` each query's negative scores.
+        ks: The cut-offs of hits@k.
+        sum_over_ranks: Sum over every rank before dividing (a collective: every rank must
+            call). False: this rank's own queries.
+
+    Returns:
+        ``{"mrr": ..., "hits@1": ..., ...}``.
+
+    Example:
+        >>> pos = torch.tensor([0.9, 0.5])
+        >>> neg = torch.tensor([[0.1, 0.2], [0.7, 0.5]])  # ranks 1 and 2.5
+        >>> pyg_mgpu.ranking_metrics(pos, neg, ks=(1, 3), sum_over_ranks=False)
+        {'mrr': 0.7, 'hits@1': 0.5, 'hits@3': 1.0}
+    """
+    pos = pos_scores.reshape(-1, 1)
+    if neg_scores.dim() != 2 or neg_scores.size(0) != pos.size(0):
+        raise ValueError(f"neg_scores must be [queries, negatives] with {pos.size(0)} rows, got "
+                         f"{tuple(neg_scores.shape)}.")
+    above = (neg_scores > pos).sum(1).double()
+    tied = (neg_scores == pos).sum(1).double()
+    rank = 1 + above + tied / 2
+    sums = torch.stack([(1 / rank).sum(), *[(rank <= k).double().sum() for k in ks],
+                        torch.tensor(float(rank.numel()), dtype=torch.float64,
+                                     device=rank.device)])
+    if sum_over_ranks:
+        sums = all_reduce_sum(sums)
+    sums = sums.tolist()  # the one read back
+    if sums[-1] == 0:
+        raise ValueError("no query was evaluated on any rank (count 0).")
+    names = ["mrr", *[f"hits@{k}" for k in ks]]
+    return {name: value / sums[-1] for name, value in zip(names, sums)}
