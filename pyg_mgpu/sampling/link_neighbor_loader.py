@@ -21,8 +21,8 @@ from torch import Tensor
 from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
 from torch_geometric.loader.utils import get_edge_label_index
 
-from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, epoch_sampler,
-                                               rank_and_world_size, without_csc)
+from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, rank_sampler,
+                                               sampler_options, shard_epochs, without_csc)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
@@ -65,21 +65,13 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
                  neighbor_sampler: Optional[NeighborSampler] = None, directed: bool = True,
                  *, distributed: bool = False, rank: Optional[int] = None,
                  world_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
-        self.epoch_sampler: Optional[EpochBatchSampler] = None
-        if distributed:
-            rank, world_size = rank_and_world_size(rank, world_size)
-            seed = 0 if seed is None else seed
-            num_edges = get_edge_label_index(data, edge_label_index)[1].size(1)
-            self.epoch_sampler = epoch_sampler(num_edges, kwargs, seed=seed, rank=rank,
-                                               world_size=world_size)
-            kwargs["batch_sampler"] = self.epoch_sampler
+        self.epoch_sampler: Optional[EpochBatchSampler]
+        self.epoch_sampler, rank, seed = shard_epochs(
+            kwargs, lambda: get_edge_label_index(data, edge_label_index)[1].size(1),
+            distributed=distributed, rank=rank, world_size=world_size, seed=seed)
         if neighbor_sampler is None:
-            neighbor_sampler = NeighborSampler(
-                data, num_neighbors=num_neighbors, replace=replace, subgraph_type=subgraph_type,
-                disjoint=disjoint, temporal_strategy=temporal_strategy, time_attr=time_attr,
-                weight_attr=weight_attr, is_sorted=is_sorted,
-                share_memory=kwargs.get("num_workers", 0) > 0, directed=directed,
-                seed=None if seed is None else seed * 1009 + (rank or 0))
+            neighbor_sampler = rank_sampler(data, num_neighbors, kwargs, seed=seed, rank=rank,
+                                            **sampler_options(locals()))
             neighbor_sampler.negatives_from_generator = distributed
         super().__init__(data, num_neighbors, edge_label_index=edge_label_index,
                          edge_label=edge_label, edge_label_time=edge_label_time,

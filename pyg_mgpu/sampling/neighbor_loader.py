@@ -127,22 +127,13 @@ class NeighborLoader(PyGNeighborLoader):
         seed: Optional[int] = None,
         **kwargs,
     ):
-        self.epoch_sampler: Optional[EpochBatchSampler] = None
-        if distributed:
-            rank, world_size = rank_and_world_size(rank, world_size)
-            seed = 0 if seed is None else seed
-            self.epoch_sampler = epoch_sampler(get_input_nodes(data, input_nodes)[1].numel(),
-                                               kwargs, seed=seed, rank=rank,
-                                               world_size=world_size)
-            kwargs["batch_sampler"] = self.epoch_sampler
+        self.epoch_sampler: Optional[EpochBatchSampler]
+        self.epoch_sampler, rank, seed = shard_epochs(
+            kwargs, lambda: get_input_nodes(data, input_nodes)[1].numel(),
+            distributed=distributed, rank=rank, world_size=world_size, seed=seed)
         if neighbor_sampler is None:
-            neighbor_sampler = NeighborSampler(
-                data, num_neighbors=num_neighbors, replace=replace, subgraph_type=subgraph_type,
-                disjoint=disjoint, temporal_strategy=temporal_strategy, time_attr=time_attr,
-                weight_attr=weight_attr, is_sorted=is_sorted,
-                share_memory=kwargs.get("num_workers", 0) > 0, directed=directed,
-                # Each rank draws its own samples; the permutation above is shared.
-                seed=None if seed is None else seed * 1009 + (rank or 0))
+            neighbor_sampler = rank_sampler(data, num_neighbors, kwargs, seed=seed, rank=rank,
+                                            **sampler_options(locals()))
         super().__init__(data, num_neighbors, input_nodes=input_nodes, input_time=input_time,
                          time_attr=time_attr, transform=transform,
                          transform_sampler_output=transform_sampler_output,
@@ -178,6 +169,43 @@ def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size}).")
     return rank, world_size
+
+
+def shard_epochs(kwargs: dict, count_inputs: Callable[[], int], *, distributed: bool,
+                 rank: Optional[int], world_size: Optional[int],
+                 seed: Optional[int]) -> tuple[Optional[EpochBatchSampler], Optional[int],
+                                               Optional[int]]:
+    """With ``distributed``: this rank's epoch batch sampler over ``count_inputs()`` seeds
+    (nodes or edges), put into DataLoader's ``kwargs`` as its ``batch_sampler``; with the
+    rank, and the seed (default 0: every rank must permute alike). Returns ``(sampler or None,
+    rank, seed)``."""
+    if not distributed:
+        return None, rank, seed
+    rank, world_size = rank_and_world_size(rank, world_size)
+    seed = 0 if seed is None else seed
+    sampler = epoch_sampler(count_inputs(), kwargs, seed=seed, rank=rank, world_size=world_size)
+    kwargs["batch_sampler"] = sampler
+    return sampler, rank, seed
+
+
+# The loaders' arguments that are NeighborSampler's options too (PyG's loader signatures).
+SAMPLER_OPTIONS = ("replace", "subgraph_type", "disjoint", "temporal_strategy", "time_attr",
+                   "weight_attr", "is_sorted", "directed")
+
+
+def sampler_options(arguments: dict) -> dict:
+    """The sampler options among a loader's ``arguments`` (its ``locals()``)."""
+    return {name: arguments[name] for name in SAMPLER_OPTIONS}
+
+
+def rank_sampler(data, num_neighbors, kwargs: dict, *, seed: Optional[int],
+                 rank: Optional[int], **options) -> NeighborSampler:
+    """A loader's own :class:`NeighborSampler`: in shared memory for DataLoader workers, and
+    seeded per rank (``seed * 1009 + rank``), so that each rank draws its own samples while the
+    epochs' permutation is shared."""
+    return NeighborSampler(data, num_neighbors=num_neighbors,
+                           share_memory=kwargs.get("num_workers", 0) > 0,
+                           seed=None if seed is None else seed * 1009 + (rank or 0), **options)
 
 
 def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,
