@@ -155,3 +155,17 @@ def test_devices_that_cannot_be_had_fail_before_spawning():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA sees none"):
             spawn(_spawn_ranks.record_context, devices="cuda")
+
+
+def test_a_crash_after_every_rank_finished_its_work_does_not_fail_the_job(tmp_path, capsys):
+    # Both functions returned and reported it; rank 1 then died in a library's teardown at
+    # interpreter exit (SIGABRT). Nothing is lost: the launcher says so and succeeds.
+    outcome = watch.watch_ranks(_ended([0, -signal.SIGABRT]), watch.LauncherSignals(grace_s=2))
+    (tmp_path / "done0").touch()
+    (tmp_path / "done1").touch()
+    watch.raise_for(outcome, 0, str(tmp_path), grace_s=2)
+    assert "rank 1 was killed by signal SIGABRT" in capsys.readouterr().err
+    # Without rank 1's report its function did not finish: the job failed.
+    (tmp_path / "done1").unlink()
+    with pytest.raises(RankFailed, match="rank 1 was killed by signal SIGABRT"):
+        watch.raise_for(outcome, 0, str(tmp_path), grace_s=2)

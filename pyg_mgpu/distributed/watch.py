@@ -116,6 +116,15 @@ def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
     the stop's checkpoint, say) is what the user must see.
     """
     reports = failure_reports(report_dir)
+    abnormal = [i for i, code in enumerate(outcome.exit_codes) if code not in (0, None)]
+    if (abnormal and not reports and not launcher_signal
+            and len(done_reports(report_dir)) == len(outcome.exit_codes)):
+        # Every rank's function returned and reported it: the job did all its work. A crash
+        # after that, in a library's teardown at interpreter exit, loses nothing.
+        endings = ", ".join(f"rank {i} {_ending(outcome.exit_codes[i])}" for i in abnormal)
+        print(f"pyg_mgpu: every rank finished its work; then, while exiting, {endings}",
+              file=sys.stderr, flush=True)
+        return
     during = f" (while stopping on {stop.signal_name(launcher_signal)})" \
         if launcher_signal else ""
     killed = [i for i in outcome.killed_by_signal if i not in reports]
@@ -153,3 +162,8 @@ def _killed_message(index: int, code: int) -> str:
     name = signal.Signals(-code).name
     hint = " (out of memory is a common cause of SIGKILL)" if name == "SIGKILL" else ""
     return f"rank {index} was killed by signal {name}{hint}"
+
+
+def _ending(code: int) -> str:
+    return (f"was killed by signal {signal.Signals(-code).name}" if code < 0
+            else f"exited with code {code}")
