@@ -63,7 +63,7 @@ class SamplingGraph:
         self.offset_type = {et: torch.int32 if c.row.numel() < 2**31 else torch.int64
                             for et, c in self.csc.items()}
         self.lookup_type = {t: lookup_type(n) for t, n in num_nodes.items()}
-        self.lookups: dict = {}  # per process: never pickled (see __getstate__)
+        self.lookups: dict = {}  # (node type, copies) -> scratch; per process, never pickled
 
     @property
     def device(self) -> torch.device:
@@ -78,12 +78,12 @@ class SamplingGraph:
         """The node type's scratch array for :class:`~.numbering.JointIds` (``copies`` of it
         end to end for :class:`~.numbering.BatchIds`): global id -> local id, every entry
         unseen between batches."""
-        size = self.num_nodes[node_type] * copies
-        lookup = self.lookups.get(node_type)
-        if lookup is None or lookup.device != self.device or lookup.numel() != size:
+        lookup = self.lookups.get((node_type, copies))
+        if lookup is None or lookup.device != self.device:
+            size = self.num_nodes[node_type] * copies
             dtype = self.lookup_type[node_type] if copies == 1 else lookup_type(size)
             lookup = torch.full((size,), unseen(dtype), dtype=dtype, device=self.device)
-            self.lookups[node_type] = lookup
+            self.lookups[node_type, copies] = lookup
         return lookup
 
     def __getstate__(self) -> dict:

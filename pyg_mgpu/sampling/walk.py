@@ -56,9 +56,10 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
     elif seed_batch is not None:
         ids = BatchIds(lambda t: graph.lookup(t, copies=num_batches), graph.num_nodes,
                        seed_batch)
-        disjoint = True  # from here on, every node carries its batch as disjoint ones their tree
     else:
         ids = JointIds(graph.lookup)
+    # Every node carries its tree (disjoint), or its batch (several in one walk).
+    with_trees = disjoint or seed_batch is not None
     node_types, edge_types = graph.node_types, graph.edge_types
     nodes = {t: [] for t in node_types}
     trees = {t: [] for t in node_types}
@@ -101,12 +102,12 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
             # One numbering per source type: the neighbours of its edge types, in the graph's
             # order, get the ids that numbering them type by type would give. Its new nodes
             # are the type's next frontier; a type no edge type leaves has none.
-            frontier = {t: (cat([]), cat([]) if disjoint else None, start_of_hop[t])
+            frontier = {t: (cat([]), cat([]) if with_trees else None, start_of_hop[t])
                         for t in node_types}
             for t, parts in drawn.items():
                 local, new, new_tree = ids.number(
                     t, cat([nbr for _, nbr, _ in parts]),
-                    cat([tree for _, _, tree in parts]) if disjoint else None)
+                    cat([tree for _, _, tree in parts]) if with_trees else None)
                 nodes[t].append(new)
                 trees[t].append(new_tree)
                 frontier[t] = (new, new_tree, start_of_hop[t])
@@ -135,7 +136,7 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
         row={restore[et]: v for et, v in row.items()},
         col={restore[et]: v for et, v in col.items()},
         edge={restore[et]: cat(edges[et]) for et in edge_types},
-        batch={t: cat(trees[t]) for t in node_types} if disjoint else None,
+        batch={t: cat(trees[t]) for t in node_types} if with_trees else None,
         num_sampled_nodes=num_sampled_nodes,
         num_sampled_edges=(None if num_sampled_edges is None else
                            {restore[et]: v for et, v in num_sampled_edges.items()}))

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+import torch
+
+from pyg_mgpu.distributed.devices import BACKENDS, resolve_backend
 from pyg_mgpu.errors import ArgumentError
 
 
@@ -21,8 +24,6 @@ EVAL_MODES = ("rank0", "all")
 SAMPLERS = ("auto", "native", "pyg")
 INFERENCE_MODES = ("sampled", "layerwise")
 AMP_MODES = ("none", "bf16")
-# auto: NCCL on GPU ranks, gloo on CPU ranks; gloo on GPUs lets ranks share one GPU.
-BACKENDS = ("auto", "nccl", "gloo")
 # "pyg_mgpu": trimmed layers, embedding-bag mean aggregation, fused ReLU/byte dropout. "pyg":
 # PyG's multi-GPU example as written (every layer on every sampled node, gather/scatter
 # messages, torch dropout), kept as the benchmark baseline.
@@ -223,9 +224,11 @@ class RankSettings:
     def __post_init__(self) -> None:
         _positive(nprocs=self.nprocs)
         _one_of(backend=(self.backend, BACKENDS))
-        if self.backend == "nccl" and self.devices.strip().lower() == "cpu":
-            raise ConfigError("--backend nccl needs GPU ranks (--devices cuda...); CPU ranks "
-                              "use gloo (--backend auto or gloo).")
+        if self.devices.strip().lower() == "cpu":  # nccl is refused there before any rank starts
+            try:
+                resolve_backend(self.backend, torch.device("cpu"))
+            except ArgumentError as e:
+                raise ConfigError(in_flags(e)) from None
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
 
@@ -373,6 +376,5 @@ class TrainConfig:
 
 
 _GROUPS = [f.name for f in fields(TrainConfig)]
-_GROUP_OF = {f.name: group for group, f_group in
-             ((g.name, g.default_factory) for g in fields(TrainConfig))
-             for f in fields(f_group)}
+_GROUP_OF = {setting.name: group.name for group in fields(TrainConfig)
+             for setting in fields(group.default_factory)}
