@@ -90,9 +90,13 @@ class JointIds:
         if self._touched is not None:
             self._entered.append(self._touched)
             self._touched = None
+        by_type: dict = {}
         for t, entered in self._entered:
+            by_type.setdefault(t, []).append(entered)
+        for t, parts in by_type.items():  # one fill per type: a kernel each on a GPU
             lookup = self.lookup(t)
-            lookup.index_fill_(0, entered, unseen(lookup.dtype))
+            lookup.index_fill_(0, parts[0] if len(parts) == 1 else torch.cat(parts),
+                               unseen(lookup.dtype))
         self._entered.clear()
 
 
