@@ -201,6 +201,22 @@ def test_damaged_cache_is_rebuilt(tmp_path, damage):
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [folder.name]
 
 
+def test_a_store_another_writer_finished_first_is_kept(tmp_path):
+    # Two nodes' ranks sharing a cache both build the graph: the second writer keeps the first's
+    # folder (its readers have its files open) and drops its own copy; a stale one it replaces.
+    g = make_synthetic(SMALL, seed=5)
+    folder = tmp_path / "cache" / "g"
+    cache_module.save_store(g, folder, "key")
+    first = (folder / "meta.json").stat().st_ino
+    reader = cache_module.open_store(folder, "key")
+    cache_module.save_store(g, folder, "key")
+    assert (folder / "meta.json").stat().st_ino == first
+    assert [p.name for p in folder.parent.iterdir()] == ["g"], "its own copy was left behind"
+    assert torch.equal(reader.colptr, g.colptr)
+    cache_module.save_store(g, folder, "another key")
+    assert (folder / "meta.json").stat().st_ino != first
+
+
 def test_crash_while_writing_leaves_no_cache_that_looks_complete(tmp_path, monkeypatch):
     path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=5))
 

@@ -69,7 +69,8 @@ def source_key(identity: dict, sources: Iterable[Path]) -> str:
 
 
 def save_store(graph: ConvertedGraph, folder: Path, key: str) -> None:
-    """Writes ``graph`` to ``folder`` atomically (temporary folder, then rename)."""
+    """Writes ``graph`` to ``folder`` atomically (temporary folder, then rename), unless a
+    valid store of ``key`` is already there (written by another process meanwhile)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Host and pid in the name: ranks of several machines may share a cache folder (NFS).
@@ -90,6 +91,11 @@ def save_store(graph: ConvertedGraph, folder: Path, key: str) -> None:
                 "num_classes": graph.num_classes, "tensors": tensors,
                 "written": time.strftime("%Y-%m-%d %H:%M:%S")}
         (tmp / META).write_text(json.dumps(meta, indent=1))  # last: its presence means complete
+        if _holds(folder, key):
+            # Another writer (a rank of another node sharing the cache) finished the same
+            # graph first; replacing its folder would pull the files from under its readers.
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
         old = folder.with_name(f"{folder.name}.old-{writer}")
         if folder.exists():
             folder.rename(old)
@@ -220,6 +226,15 @@ def _check_structure(graph: ConvertedGraph) -> None:
                            f"{graph.num_edges} edges)")
     if graph.x.size(0) != graph.num_nodes or graph.y.numel() != graph.num_nodes:
         raise CacheInvalid("corrupt (features, labels and pointers disagree on the node count)")
+
+
+def _holds(folder: Path, key: str) -> bool:
+    """Whether ``folder`` holds a complete, valid store of ``key``."""
+    try:
+        open_store(folder, key)
+    except CacheInvalid:
+        return False
+    return True
 
 
 def load_cached(folder: Path, identity: dict, sources: Callable[[], Iterable[Path]],
