@@ -184,6 +184,12 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
                                   "(sampling, gathering, the copy to the GPU on a side stream); "
                                   "0 turns it off. Default: 1 on GPU ranks with the native "
                                   "sampler, else 0")
+    performance.add_argument("--sample-batches", type=int, default=d.sample_batches,
+                             metavar="K",
+                             help="batches the native sampler draws in one walk, each still "
+                                  "its own batch: one walk's kernel launches and host reads "
+                                  "for K batches. Default: 8 on GPU ranks that sample on the "
+                                  "GPU, else 1 (on CPUs a walk of several batches is slower)")
     performance.add_argument("--profile", action="store_true",
                              help="print per-stage times per epoch")
 

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 from torch_geometric.data import Data
 
-from pyg_mgpu import NeighborSampler
+from pyg_mgpu import NeighborLoader, NeighborSampler
 from pyg_mgpu.tools.step_costs import STAGES, OpCounter
 from test_sampler import check_output, graph, native  # noqa: F401 (graph: a fixture)
 
@@ -93,3 +93,90 @@ def test_refuses_what_one_walk_cannot_split():
     for options in ({"time_attr": "time"}, {"subgraph_type": "induced"}):
         with pytest.raises(NotImplementedError, match="sample_batches"):
             NeighborSampler(data, [2], **options).sample_batches(SEEDS[:2])
+
+
+# The loader: pyg_mgpu.NeighborLoader(distributed=True, sample_batches=k).
+
+def loader_data() -> Data:
+    gen = torch.Generator().manual_seed(0)
+    return Data(x=torch.randn(500, 4), y=torch.randint(3, (500,)),
+                edge_index=torch.randint(500, (2, 5000), generator=gen))
+
+
+def sharded_loader(data, k, rank=0, **options):
+    return NeighborLoader(data, [5, 3], input_nodes=torch.arange(300), batch_size=32,
+                          shuffle=True, distributed=True, rank=rank, world_size=2, seed=1,
+                          sample_batches=k, **options)
+
+
+def drain(loader) -> tuple[list, list]:
+    """The batches of one epoch, and the state the loader reports before each."""
+    batches, states, it = [], [], iter(loader)
+    while True:
+        states.append(loader.sampler_state())
+        batch = next(it, None)
+        if batch is None:
+            return batches, states
+        batches.append(batch)
+
+
+@pytest.mark.parametrize("k", [2, 3, 8])
+def test_loader_hands_out_the_same_seeds_and_valid_batches(k):
+    data = loader_data()
+    seen = []
+    for rank in range(2):
+        alone, walked = sharded_loader(data, 1, rank), sharded_loader(data, k, rank)
+        alone.set_epoch(3)
+        walked.set_epoch(3)
+        expected = list(alone)
+        batches = list(walked)
+        assert len(walked) == len(alone) == len(batches) == len(expected)
+        for a, b in zip(expected, batches):
+            assert torch.equal(a.input_id, b.input_id) and a.batch_size == b.batch_size
+            assert torch.equal(b.n_id[:b.batch_size], b.input_id)  # seeds first
+            src, dst = b.n_id[b.edge_index[0]], b.n_id[b.edge_index[1]]
+            # every edge is a true edge of the caller's graph, named by e_id
+            assert torch.equal(data.edge_index[:, b.e_id], torch.stack([src, dst]))
+            assert torch.equal(b.x, data.x[b.n_id]) and torch.equal(b.y, data.y[b.n_id])
+            seen += b.input_id.tolist()
+    assert sorted(seen) == list(range(300))  # every seed once per epoch over the ranks
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_loader_resumes_at_every_step_with_the_same_batches(k):
+    data = loader_data()
+    loader = sharded_loader(data, k)
+    loader.set_epoch(2)
+    batches, states = drain(loader)
+    for start in range(len(batches) + 1):
+        resumed = sharded_loader(data, k)
+        resumed.set_epoch(2, start_step=start)
+        resumed.node_sampler.generator.set_state(states[start])
+        rest = list(resumed)
+        assert len(rest) == len(resumed) == len(batches) - start
+        for a, b in zip(rest, batches[start:]):
+            assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+            assert torch.equal(a.e_id, b.e_id)
+
+
+def test_loader_with_workers_gives_the_walks_batches():
+    data = loader_data()
+    inline, workers = sharded_loader(data, 3), sharded_loader(data, 3, num_workers=2)
+    inline.set_epoch(1)
+    workers.set_epoch(1)
+    expected = [b.input_id for b in inline]
+    got = list(workers)
+    assert len(got) == len(expected) == len(workers)
+    for seeds, batch in zip(expected, got):
+        assert torch.equal(batch.input_id, seeds) and torch.equal(batch.x, data.x[batch.n_id])
+
+
+def test_loader_refuses_what_it_cannot_walk():
+    data = loader_data()
+    with pytest.raises(ValueError, match="needs distributed=True"):
+        NeighborLoader(data, [2], batch_size=4, sample_batches=2)
+    with pytest.raises(ValueError, match="positive whole number"):
+        sharded_loader(data, 0)
+    data.time = torch.arange(500)
+    with pytest.raises(ValueError, match="homogeneous graph, without time_attr"):
+        sharded_loader(data, 2, time_attr="time")

@@ -180,6 +180,44 @@ def test_step_checkpoint_after_a_crash_resumes_mid_epoch_exactly(tmp_path, unint
     assert_same_run(run, uninterrupted)
 
 
+def crash_after_step_checkpoint(cmd: list, run: Path, log: Path, epoch: int,
+                                mid_walk_of: int = 1) -> dict:
+    """Runs ``cmd`` until it writes a step checkpoint inside ``epoch`` (at a step that is not
+    a multiple of ``mid_walk_of``), then kills its whole process group; returns the step."""
+    job = start(cmd, log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            ckpt = read_checkpoint(run)
+            step = ckpt and ckpt["step"]
+            if step and step["epoch"] == epoch and (mid_walk_of == 1 or
+                                                    step["done"] % mid_walk_of):
+                break
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        kill_group(job.pid)  # a crash or a reclaimed machine: no handler runs
+        job.wait()
+    finally:
+        kill_group(job.pid)
+    return read_checkpoint(run)["step"]
+
+
+def test_resume_inside_a_walk_of_several_batches_is_exact(tmp_path):
+    # --sample-batches 3 draws batches 3 at a time; a checkpoint after step 5 or 10 lies
+    # inside a walk, which the resumed run draws again from its start.
+    args = ARGS + ["--sample-batches", "3"]
+    whole = tmp_path / "whole"
+    assert main(args + ["--out", str(whole)]) == 0
+    reference = json.loads((whole / "metrics.json").read_text())
+    run = tmp_path / "run"
+    step = crash_after_step_checkpoint(
+        CLI + args + ["--out", str(run), "--checkpoint-every-steps", "5"], run,
+        tmp_path / "log.txt", epoch=2, mid_walk_of=3)
+    assert 0 < step["done"] < 79 and step["done"] % 3
+    assert main(args + ["--resume", str(run)]) == 0
+    assert_same_run(run, reference)
+
+
 def test_periodic_checkpoints_change_nothing(tmp_path, uninterrupted):
     assert main(ARGS + ["--out", str(tmp_path), "--checkpoint-every-steps", "7",
                         "--checkpoint-every-s", "0.2"]) == 0

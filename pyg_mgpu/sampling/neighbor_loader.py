@@ -20,6 +20,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
 from torch_geometric.loader.utils import get_input_nodes
+from torch_geometric.sampler.base import SubgraphType
+from torch.utils.data import DataLoader
 
 from pyg_mgpu.data.csc import drop_cached_csc
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
@@ -31,13 +33,20 @@ class EpochBatchSampler:
 
     Call :meth:`set_epoch` before each epoch; the batches come from
     :func:`pyg_mgpu.sampling.sharding.epoch_batches`, so all ranks run the same number of steps.
+
+    With ``batches_per_walk`` k above 1 it yields lists of k batches (the last may hold fewer),
+    the epoch's batches ``[0, k)``, ``[k, 2k)``, ...: a walk starts at the same batch whatever
+    step the epoch started from, which is what makes a resumed epoch draw the same batches. The
+    first list then starts at ``start_step`` rounded down to a multiple of k, and the loader
+    drops its first :attr:`skip` batches. ``len`` counts batches either way.
     """
 
     def __init__(self, num_items: int, *, seed: int, rank: int, world_size: int,
-                 batch_size: int, shuffle: bool = True):
+                 batch_size: int, shuffle: bool = True, batches_per_walk: int = 1):
         self.num_items = num_items
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.batch_size, self.shuffle = batch_size, shuffle
+        self.batches_per_walk = batches_per_walk
         self.epoch = 0
         self.start_step = 0
 
@@ -55,13 +64,23 @@ class EpochBatchSampler:
     def __len__(self) -> int:
         return self.steps_per_epoch - self.start_step
 
-    def __iter__(self) -> Iterator[list[int]]:
+    @property
+    def skip(self) -> int:
+        """Batches of the first walk that come before ``start_step``."""
+        return self.start_step % self.batches_per_walk
+
+    def __iter__(self) -> Iterator[list]:
         positions = torch.arange(self.num_items)
         batches = epoch_batches(positions, seed=self.seed, epoch=self.epoch, rank=self.rank,
                                 world_size=self.world_size, batch_size=self.batch_size,
                                 shuffle=self.shuffle)
-        for batch in batches[self.start_step:]:
-            yield batch.tolist()
+        k = self.batches_per_walk
+        if k == 1 or self.start_step == len(batches):
+            for batch in batches[self.start_step:]:
+                yield batch.tolist()
+            return
+        for first in range(self.start_step - self.skip, len(batches), k):
+            yield [batch.tolist() for batch in batches[first:first + k]]
 
 
 class NeighborLoader(PyGNeighborLoader):
@@ -78,6 +97,11 @@ class NeighborLoader(PyGNeighborLoader):
         seed: Seeds the epoch permutation (identical on all ranks) and, offset by the rank,
             the sampler's draws. Default 0 with ``distributed``, else drawn from torch's global
             generator.
+        sample_batches: With ``distributed``, sample this many consecutive batches in one walk
+            of the sampler (:meth:`NeighborSampler.sample_batches`) and hand them out one by
+            one. Each is an ordinary batch of its own seeds, drawn as when sampled alone; the
+            walk issues its kernels and host reads once for all of them, which is what a GPU
+            waits on. Homogeneous graphs without ``time_attr`` or ``subgraph_type="induced"``.
 
     Example:
         Nodes 1, 2 and 3 point to node 0; the batch of seed 0 holds two of them:
@@ -125,6 +149,7 @@ class NeighborLoader(PyGNeighborLoader):
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         seed: Optional[int] = None,
+        sample_batches: int = 1,
         **kwargs,
     ):
         self.epoch_sampler: Optional[EpochBatchSampler]
@@ -134,11 +159,19 @@ class NeighborLoader(PyGNeighborLoader):
         if neighbor_sampler is None:
             neighbor_sampler = rank_sampler(data, num_neighbors, kwargs, seed=seed, rank=rank,
                                             **sampler_options(locals()))
+        self.sample_batches = check_sample_batches(sample_batches, self.epoch_sampler,
+                                                   neighbor_sampler)
+        self._walks: Optional[WalkBatches] = None
         super().__init__(data, num_neighbors, input_nodes=input_nodes, input_time=input_time,
                          time_attr=time_attr, transform=transform,
                          transform_sampler_output=transform_sampler_output,
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)
+        if self.sample_batches > 1:
+            # DataLoader fetches each item of a batch-sampler entry from its dataset, PyG's
+            # range(num_inputs); a walk's entry holds whole batches, handed to collate_fn as
+            # they are. (DataLoader refuses a new dataset once built, hence object's setattr.)
+            object.__setattr__(self, "dataset", _Batches(len(self.dataset)))
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Selects the epoch's permutation (``distributed=True``; otherwise does nothing).
@@ -156,6 +189,113 @@ class NeighborLoader(PyGNeighborLoader):
 
     def filter_fn(self, out):
         return without_csc(super().filter_fn(out))
+
+    def collate_fn(self, index):
+        if self.sample_batches == 1:
+            return super().collate_fn(index)
+        inputs = [self.input_data[batch] for batch in index]  # one walk's batches
+        outs = self.node_sampler.sample_batches([inputs.node for inputs in inputs])
+        for out, seeds in zip(outs, inputs):
+            out.metadata = (seeds.input_id, seeds.time)  # as PyG's sampler sets it
+        return [self.filter_fn(out) for out in outs] if self.filter_per_worker else outs
+
+    def _get_iterator(self):
+        if self.sample_batches == 1:
+            return super()._get_iterator()
+        walks = DataLoader._get_iterator(self)  # each item: one walk's batches
+        generator = getattr(self.node_sampler, "generator", None)
+        self._walks = WalkBatches(walks, None if self.filter_per_worker else self.filter_fn,
+                                  skip=self.epoch_sampler.skip,
+                                  generator=generator if self.num_workers == 0 else None)
+        return self._walks
+
+    def sampler_state(self) -> Optional[Tensor]:
+        """The sampler's generator state from before the next batch was drawn: what a
+        checkpoint records so that a resumed run (``set_epoch(epoch, start_step)``, then this
+        state restored) draws the batches the uninterrupted run would have. None when the
+        sampler has no generator of its own. With ``sample_batches``, the state from before
+        the walk that holds the next batch."""
+        generator = getattr(self.node_sampler, "generator", None)
+        if generator is None:
+            return None
+        if self._walks is not None and self._walks.pending:
+            return self._walks.state_before
+        return generator.get_state()
+
+
+class _Batches:
+    """The dataset of a loader whose batch sampler yields lists of batches: item = batch."""
+
+    def __init__(self, num_inputs: int):
+        self.num_inputs = num_inputs
+
+    def __len__(self) -> int:
+        return self.num_inputs
+
+    def __getitem__(self, batch: list) -> list:
+        return batch
+
+
+class WalkBatches:
+    """Hands out the batches of each walk one by one: ``walks`` yields lists of sampler
+    outputs (or finished batches), ``filter_fn`` makes each a batch where the loader's workers
+    did not; the first ``skip`` batches of the first walk are dropped (an epoch resumed
+    mid-walk). With ``generator`` (the sampler's, in this process), :attr:`state_before` is its
+    state from before the walk that is being handed out."""
+
+    def __init__(self, walks, filter_fn: Optional[Callable], *, skip: int,
+                 generator: Optional[torch.Generator]):
+        self.walks, self.filter_fn = walks, filter_fn
+        self.skip, self.generator = skip, generator
+        self.buffer: list = []
+        self.state_before: Optional[Tensor] = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether batches of the current walk are still to be handed out."""
+        return bool(self.buffer)
+
+    def __iter__(self) -> "WalkBatches":
+        return self
+
+    def __next__(self):
+        while not self.buffer:
+            if self.generator is not None:
+                self.state_before = self.generator.get_state()
+            self.buffer = list(next(self.walks))[self.skip:]
+            self.skip = 0
+            self.buffer.reverse()  # handed out from the end
+        out = self.buffer.pop()
+        return out if self.filter_fn is None else self.filter_fn(out)
+
+    def __len__(self) -> int:
+        return len(self.walks)
+
+    def _reset(self, loader, first_iter: bool = False) -> None:  # persistent workers
+        self.walks._reset(loader, first_iter)
+        self.buffer = []
+        self.skip = loader.epoch_sampler.skip
+
+
+def check_sample_batches(sample_batches: int, epoch_sampler: Optional[EpochBatchSampler],
+                         sampler) -> int:
+    """``sample_batches`` if the loader can walk that many batches at once, else an error that
+    says why; sets the epoch sampler's walk length."""
+    if not isinstance(sample_batches, int) or sample_batches < 1:
+        raise ValueError(f"sample_batches={sample_batches!r} must be a positive whole number "
+                         "of batches per walk (1: one batch per walk).")
+    if sample_batches == 1:
+        return 1
+    if epoch_sampler is None:
+        raise ValueError(f"sample_batches={sample_batches} needs distributed=True (its epochs "
+                         "are what batches are grouped into walks by).")
+    if not isinstance(sampler, NeighborSampler) or sampler.is_hetero or sampler.is_temporal \
+            or sampler.subgraph_type == SubgraphType.induced:
+        raise ValueError(f"sample_batches={sample_batches} walks pyg_mgpu's NeighborSampler over "
+                         "a homogeneous graph, without time_attr or subgraph_type='induced'; "
+                         "use sample_batches=1 here.")
+    epoch_sampler.batches_per_walk = sample_batches
+    return sample_batches
 
 
 def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:

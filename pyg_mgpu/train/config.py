@@ -241,6 +241,7 @@ class PerformanceSettings:
     feature_cache_gb: Optional[float] = None  # None: up to a quarter of free GPU memory
     num_workers: int = 0
     prefetch: Optional[int] = None  # None: 1 ahead on GPU ranks with the native sampler, else off
+    sample_batches: Optional[int] = None  # None: 8 on GPU ranks sampling on the GPU, else 1
     profile: bool = False
 
     def __post_init__(self) -> None:
@@ -252,6 +253,9 @@ class PerformanceSettings:
                               f"{self.feature_cache_gb}.")
         if self.prefetch is not None and self.prefetch < 0:
             raise ConfigError(f"--prefetch must be >= 0 (0 turns it off), got {self.prefetch}.")
+        if self.sample_batches is not None and self.sample_batches < 1:
+            raise ConfigError("--sample-batches must be a positive number of batches per walk, "
+                              f"got {self.sample_batches}.")
 
 
 @dataclass

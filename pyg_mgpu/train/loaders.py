@@ -118,18 +118,39 @@ def _leave_stops_to_the_rank(worker_id: int) -> None:
     threading.Thread(target=take_signals, name="pyg_mgpu-worker-signals", daemon=True).start()
 
 
+# Batches per walk on a GPU rank that samples on the GPU: a walk's launches and host reads are
+# shared by 8 batches (237 -> about 37 kernel ops and 9 -> 1.4 host syncs per batch at fanout
+# 15,10,5, batch 1024: docs/benchmarks.md); on CPUs longer walks measured slower per batch.
+GPU_BATCHES_PER_WALK = 8
+
+
+def batches_per_walk(requested: Optional[int], graph: TrainingGraph, sampler: str) -> int:
+    """``--sample-batches``, or its default for this rank's graph; refuses what the walk of
+    several batches does not sample."""
+    if requested is None:
+        on_gpu = not graph.is_hetero and graph.x.is_cuda and sampler == "native"
+        return GPU_BATCHES_PER_WALK if on_gpu else 1
+    if requested > 1 and (graph.is_hetero or sampler != "native"):
+        raise ValueError(f"--sample-batches {requested} walks the native sampler over a "
+                         "homogeneous graph; drop it (or use 1) with a heterogeneous dataset "
+                         "or --sampler pyg.")
+    return requested
+
+
 def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
                 sampler: str, seed: int, batch_size: int, num_workers: int = 0,
                 rank: Optional[int] = None, world_size: Optional[int] = None,
                 feature_cache: Optional[FeatureCache] = None,
-                device: Optional[torch.device] = None) -> NeighborLoader:
+                device: Optional[torch.device] = None,
+                sample_batches: int = 1) -> NeighborLoader:
     """A :class:`NeighborLoader` over ``nodes``: this rank's sharded epochs when ``rank`` and
     ``world_size`` are given (call ``set_epoch``), else every node in order.
 
     Features and labels stay in the graph's (shared) memory; each batch gathers its rows, the
     features through ``feature_cache`` when given (in the consuming thread, never in workers).
     ``device`` is where the batches go: host batches bound for a GPU are pinned. On a
-    :class:`HeteroGraph`, ``nodes`` are of its labelled type.
+    :class:`HeteroGraph`, ``nodes`` are of its labelled type. ``sample_batches``: batches per
+    walk of the sampler (sharded loaders).
     """
     on_gpu = not graph.is_hetero and graph.x.is_cuda
     data = graph.loader_data(with_features=feature_cache is None)
@@ -143,7 +164,7 @@ def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
         data, list(fanout), input_nodes=nodes, batch_size=batch_size,
         neighbor_sampler=_pyg_sampler(graph, fanout) if sampler == "pyg" else None,
         distributed=distributed, rank=rank, world_size=world_size, seed=seed,
-        shuffle=distributed, num_workers=num_workers, persistent_workers=num_workers > 0,
+        sample_batches=sample_batches, shuffle=distributed, num_workers=num_workers, persistent_workers=num_workers > 0,
         multiprocessing_context=_worker_start_method(num_workers),
         worker_init_fn=_leave_stops_to_the_rank if num_workers > 0 else None,
         filter_per_worker=filter_per_worker,

@@ -194,7 +194,10 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     # The sampler's state before each batch is drawn: a checkpoint after a step records the one
     # before the batch already drawn ahead of it, which the resumed run draws again.
     generator = getattr(loader.node_sampler, "generator", None)
-    snapshot = generator.get_state if generator is not None and loader.num_workers == 0 else None
+    snapshot = None
+    if generator is not None and loader.num_workers == 0:
+        # pyg_mgpu's loader knows the state from before the walk that holds the next batch.
+        snapshot = getattr(loader, "sampler_state", generator.get_state)
     # The sampler's own clock splits loading into sampling and gathering when it runs in this
     # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
     sampler = loader.node_sampler if loader.num_workers == 0 and not depth else None

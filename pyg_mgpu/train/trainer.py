@@ -44,6 +44,7 @@ from pyg_mgpu.train.evaluation import accuracy, layerwise_inference
 from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.train.loaders import (
+    batches_per_walk,
     make_feature_cache,
     make_loader,
     place_graph,
@@ -148,7 +149,9 @@ def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> R
     train_loader = make_loader(graph, graph.train_idx, fanout=cfg.training.fanout, sampler=sampler,
                                seed=cfg.training.seed, rank=ctx.rank, world_size=ctx.world_size,
                                batch_size=cfg.training.batch_size, num_workers=cfg.performance.num_workers,
-                               feature_cache=feature_cache, device=ctx.device)
+                               feature_cache=feature_cache, device=ctx.device,
+                               sample_batches=batches_per_walk(cfg.performance.sample_batches,
+                                                               graph, sampler))
     return RankData(graph, sampler, train_loader,
                     Evaluator(graph, cfg, ctx, sampler, feature_cache), feature_cache)
 
