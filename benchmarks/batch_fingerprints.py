@@ -10,6 +10,9 @@ Every mode samples a seeded random graph (homogeneous, or three node types and e
 ``pyg_mgpu.NeighborSampler`` and its own generator seed, five batches in a row, so the
 generator's state carries from batch to batch as in a loader. The hash covers every field of
 each ``SamplerOutput`` (values, dtypes and shapes) and the per-hop counts.
+
+``--gpu-path`` samples along the branches a GPU takes where the code branches on the device
+(:mod:`pyg_mgpu.gpu_path`), still on the CPU: its lines must equal those without it.
 """
 from __future__ import annotations
 
@@ -131,6 +134,20 @@ def fingerprint(data, options: dict, seeds_of, num_batches: int = 5) -> str:
 
 
 def main() -> None:
+    import argparse
+    import contextlib
+
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpu-path", action="store_true",
+                        help="sample along the code path a GPU takes (on the CPU): its lines "
+                             "must equal the CPU path's")
+    args = parser.parse_args()
+    with counting_gpu_path() if args.gpu_path else contextlib.nullcontext():
+        print_fingerprints()
+
+
+def print_fingerprints() -> None:
     torch.set_num_threads(1)
     plain, plain32 = homogeneous_graph(), homogeneous_graph(int32=True)
 

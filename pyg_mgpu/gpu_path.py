@@ -8,11 +8,13 @@ and a CPU form that is faster there. Counting a GPU step's kernels and host read
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
+import torch
 from torch import Tensor
 
 _counting = False
+_read_hooks: list[Callable[[], None]] = []  # told of every host_ints read (step counting)
 
 
 def takes_gpu_path(tensor: Tensor) -> bool:
@@ -29,3 +31,33 @@ def counting_gpu_path() -> Iterator[None]:
         yield
     finally:
         _counting = before
+
+
+def host_ints(values: Tensor) -> list[int]:
+    """The values of a small integer tensor, read to the host at once: on a GPU, one wait
+    for the work queued before it, however many values. The code reads sizes that the host
+    needs (an output's length) this way, gathered into as few reads as it can."""
+    for hook in _read_hooks:
+        hook()
+    return values.tolist()
+
+
+@contextlib.contextmanager
+def reading_hook(hook: Callable[[], None]) -> Iterator[None]:
+    """Calls ``hook`` at every :func:`host_ints` read inside (a tensor's ``tolist`` is no
+    aten op that a dispatch mode would see)."""
+    _read_hooks.append(hook)
+    try:
+        yield
+    finally:
+        _read_hooks.remove(hook)
+
+
+def positions_of(mask: Tensor, count: int) -> Tensor:
+    """The positions of ``mask``'s ``count`` True entries, in order. ``nonzero`` reads the
+    count back from the GPU; on the GPU's path the count is given and a search over the
+    running count finds the positions without that wait."""
+    if not takes_gpu_path(mask):
+        return mask.nonzero().squeeze(1)
+    running = torch.cumsum(mask, 0)
+    return torch.searchsorted(running, torch.arange(1, count + 1, device=mask.device))

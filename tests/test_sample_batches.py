@@ -180,3 +180,33 @@ def test_loader_refuses_what_it_cannot_walk():
     data.time = torch.arange(500)
     with pytest.raises(ValueError, match="homogeneous graph, without time_attr"):
         sharded_loader(data, 2, time_attr="time")
+
+
+# The GPU's path (pyg_mgpu.gpu_path): new nodes counted one hop late, sizes read once per hop.
+
+@pytest.mark.parametrize("options", [{}, {"replace": True}, {"weight_attr": "w"},
+                                     {"subgraph_type": "bidirectional"},
+                                     {"sample_direction": "backward"}])
+def test_gpu_path_draws_the_cpu_paths_batches(options):
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    data = random_data()
+    data.w = torch.rand(data.num_edges) + 0.1
+    seeds = [torch.randint(300, (40,)) for _ in range(3)]
+    cpu, gpu = NeighborSampler(data, [6, 4, 2], seed=5, **options), \
+        NeighborSampler(data, [6, 4, 2], seed=5, **options)
+    expected = [cpu.sample(s) for s in seeds] + cpu.sample_batches(seeds)
+    with counting_gpu_path():
+        got = [gpu.sample(s) for s in seeds] + gpu.sample_batches(seeds)
+    for a, b in zip(expected, got):
+        assert same(a, b)
+
+
+def test_gpu_path_reads_sizes_once_per_hop_and_once_at_the_end():
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    sampler = NeighborSampler(random_data(), [6, 4, 2], seed=0)
+    counter = OpCounter()
+    with counting_gpu_path(), counter:
+        sampler.sample(torch.arange(50))
+    sampling = counter.costs[STAGES[0]]
+    assert sampling.syncs == 3 + 1, sampling.sync_ops  # 3 hops, and the last hop's new nodes
+    assert set(sampling.sync_ops) == {"host read"}

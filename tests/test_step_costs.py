@@ -53,7 +53,12 @@ def test_a_step_counted_on_the_gpus_path_per_stage():
 def test_bench_writes_the_step_costs(tmp_path):
     assert bench.main(["--step-costs", "--num-nodes", "2000", "--num-edges", "20000",
                        "--num-features", "8", "--num-classes", "4", "--fanout", "5,3",
-                       "--batch-size", "64", "--hidden", "16", "--out", str(tmp_path)]) == 0
+                       "--batch-size", "64", "--hidden", "16", "--sample-batches", "3",
+                       "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["mode"] == "step_costs"
-    assert report["results"]["total"]["kernel_ops"] > 0
+    alone, walked = report["results"], report["results"]["walked"]
+    assert alone["total"]["kernel_ops"] > 0 and walked["sample_batches"] == 3
+    # Three batches per walk: the sampler's launches and reads shared three ways.
+    assert walked["stages"]["sampling"]["kernel_ops"] * 2 < alone["stages"]["sampling"]["kernel_ops"]
+    assert walked["stages"]["sampling"]["host_syncs"] * 2 < alone["stages"]["sampling"]["host_syncs"]

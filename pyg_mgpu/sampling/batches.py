@@ -19,6 +19,17 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import SamplerOutput
 
+from pyg_mgpu.gpu_path import host_ints, takes_gpu_path
+
+
+def _counts(key: Tensor, size: int) -> Tensor:
+    """How often each of ``0 .. size - 1`` occurs in ``key``. (CUDA's ``bincount`` reads the
+    largest key back to the host; adding ones into ``size`` zeros does not.)"""
+    if not takes_gpu_path(key):
+        return torch.bincount(key, minlength=size)
+    return torch.zeros(size, dtype=torch.long, device=key.device).index_add_(
+        0, key, torch.ones_like(key))
+
 
 def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Tensor,
                   num_sampled_nodes: list[int], num_sampled_edges: list[int],
@@ -44,7 +55,7 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
     node_key = node_batch * levels + node_hop
     # Stable: within a batch and a hop the walk's order (first appearance) is kept.
     order = torch.sort(node_key, stable=True).indices
-    node_counts = torch.bincount(node_key, minlength=num_batches * levels)
+    node_counts = _counts(node_key, num_batches * levels)
     per_batch = node_counts.view(num_batches, levels).sum(1)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=device)
@@ -55,12 +66,15 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
         torch.tensor(num_sampled_edges, device=device), output_size=edge.numel())
     edge_key = node_batch.index_select(0, col) * num_hops + edge_hop
     edge_order = torch.sort(edge_key, stable=True).indices
-    edge_counts = torch.bincount(edge_key, minlength=num_batches * num_hops)
+    edge_counts = _counts(edge_key, num_batches * num_hops)
 
-    node_sizes = per_batch.tolist()
-    edge_sizes = edge_counts.view(num_batches, num_hops).sum(1).tolist()
-    node_counts = node_counts.view(num_batches, levels).tolist()
-    edge_counts = edge_counts.view(num_batches, num_hops).tolist()
+    # Every batch's per-hop counts, in one read.
+    counts = host_ints(torch.cat([node_counts, edge_counts]))
+    node_counts = [counts[b * levels:(b + 1) * levels] for b in range(num_batches)]
+    edge_counts = counts[num_batches * levels:]
+    edge_counts = [edge_counts[b * num_hops:(b + 1) * num_hops] for b in range(num_batches)]
+    node_sizes = [sum(c) for c in node_counts]
+    edge_sizes = [sum(c) for c in edge_counts]
     parts = {
         "node": node.index_select(0, order).split(node_sizes),
         "row": local.index_select(0, row.index_select(0, edge_order)).split(edge_sizes),

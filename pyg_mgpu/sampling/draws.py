@@ -16,37 +16,38 @@ Weighted draws without replacement live in :mod:`pyg_mgpu.sampling.weighted`.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from pyg_mgpu.gpu_path import host_ints, positions_of, takes_gpu_path
 from pyg_mgpu.sampling.weighted import EdgeWeights, weighted_without_replacement
 
 
-def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
-              weights: Optional[EdgeWeights] = None,
-              generator: Optional[torch.Generator] = None,
-              offset_type: torch.dtype = torch.int64,
-              runs: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor]:
-    """Samples the in-edges of every node in ``dst`` for one hop.
+class HopPlan(NamedTuple):
+    """One hop's draws over a frontier before any is made: per frontier position its first
+    in-edge (``start``), degree, edges to keep (``count``), and whether it draws at random
+    (``drawn``), and the ``fanout``; :attr:`sizes` are what the draws need the host to know."""
 
-    Args:
-        colptr: ``[N + 1]`` CSC pointers.
-        dst: ``[M]`` int64 frontier nodes.
-        fanout: Edges to draw per node; ``-1`` keeps every in-edge.
-        replace: Draw with replacement.
-        weights: The edge weights from :func:`~pyg_mgpu.sampling.weighted.edge_weights`,
-            for weighted draws.
-        generator: Random generator on ``colptr``'s device.
-        offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
-        runs: ``(start, end)`` CSC positions per node of ``dst`` to draw from instead of its
-            whole run (temporal sampling: the edges old enough).
+    start: Tensor
+    deg: Tensor
+    count: Tensor
+    drawn: Tensor
+    fanout: int
 
-    Returns:
-        ``(local_dst, edge)``: position of each kept edge's destination in ``dst``, and the
-        edge's CSC position, both int64.
-    """
+    @property
+    def sizes(self) -> Tensor:
+        """``[2]``: the edges kept and the nodes that draw, to read with other sizes at once
+        (:func:`~pyg_mgpu.gpu_path.host_ints`)."""
+        return torch.stack([self.count.sum(), self.drawn.sum()])
+
+
+def plan_hop(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
+             runs: Optional[tuple[Tensor, Tensor]] = None,
+             active: Optional[Tensor] = None) -> HopPlan:
+    """The draws of one hop (see :func:`hop_edges`); ``active``: the frontier positions that
+    draw, the others keeping nothing (a frontier not yet compacted)."""
     if runs is None:
         start = colptr.index_select(0, dst)  # index_select, not tensor[index]: ~2.5x faster on CPU
         deg = colptr[1:].index_select(0, dst).sub_(start)
@@ -58,22 +59,39 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
         count = torch.where(deg > 0, fanout, 0)
     else:
         count = deg.clamp(max=fanout)
-    local_dst = torch.repeat_interleave(count)
+    drawn = (deg > 0) if replace else (deg > fanout)
+    if active is not None:
+        count = count.where(active, 0)
+        drawn = drawn.logical_and_(active)
+    return HopPlan(start, deg, count, drawn, fanout)
+
+
+def draw_hop(plan: HopPlan, num_edges: Optional[int], num_drawing: Optional[int], *,
+             replace: bool = False, weights: Optional[EdgeWeights] = None,
+             generator: Optional[torch.Generator] = None,
+             offset_type: torch.dtype = torch.int64,
+             dst: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """The draws of ``plan``, given its :attr:`~HopPlan.sizes` as host numbers (``num_edges``
+    kept, ``num_drawing`` nodes drawing): no further read from the device. None for both:
+    the ops find them (the CPU's form, where reading them costs nothing). ``dst``: the
+    frontier, for weighted draws' per-node bounds."""
+    start, deg, count, fanout = plan.start, plan.deg, plan.count, plan.fanout
+    local_dst = torch.repeat_interleave(count, output_size=num_edges)
     first_slot = torch.cumsum(count, 0).sub_(count)
     # Slot s of node v reads edge start[v] + (s - first_slot[v]): all of v's edges when it keeps
     # them all, else overwritten below by the random draws.
     edge = (start - first_slot).index_select(0, local_dst)
-    edge.add_(torch.arange(edge.numel(), device=dst.device))
-    if fanout < 0:
+    edge.add_(torch.arange(edge.numel(), device=start.device))
+    if fanout < 0 or num_drawing == 0:
         return local_dst, edge
-    drawn_nodes = (deg > 0) if replace else (deg > fanout)
-    big = drawn_nodes.nonzero().squeeze(1)
+    big = (plan.drawn.nonzero().squeeze(1) if num_drawing is None else
+           positions_of(plan.drawn, num_drawing))
     if big.numel() == 0:
         return local_dst, edge
     # Nodes that draw own exactly `fanout` consecutive slots from their first one.
     big_first, big_start = first_slot.index_select(0, big), start.index_select(0, big)
     big_deg = deg.index_select(0, big)
-    slot = torch.arange(fanout, device=dst.device)
+    slot = torch.arange(fanout, device=start.device)
     if weights is not None and not replace:  # one row per node: [nodes, fanout]
         big_bound = weights.bound
         if big_bound is not None:
@@ -92,6 +110,38 @@ def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False
         drawn.add_(big_start)
     edge.index_copy_(0, slots.view(-1), drawn.view(-1))
     return local_dst, edge
+
+
+def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
+              weights: Optional[EdgeWeights] = None,
+              generator: Optional[torch.Generator] = None,
+              offset_type: torch.dtype = torch.int64,
+              runs: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor]:
+    """Samples the in-edges of every node in ``dst`` for one hop: :func:`plan_hop`, one read
+    of its sizes, :func:`draw_hop`.
+
+    Args:
+        colptr: ``[N + 1]`` CSC pointers.
+        dst: ``[M]`` int64 frontier nodes.
+        fanout: Edges to draw per node; ``-1`` keeps every in-edge.
+        replace: Draw with replacement.
+        weights: The edge weights from :func:`~pyg_mgpu.sampling.weighted.edge_weights`,
+            for weighted draws.
+        generator: Random generator on ``colptr``'s device.
+        offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
+        runs: ``(start, end)`` CSC positions per node of ``dst`` to draw from instead of its
+            whole run (temporal sampling: the edges old enough).
+
+    Returns:
+        ``(local_dst, edge)``: position of each kept edge's destination in ``dst``, and the
+        edge's CSC position, both int64.
+    """
+    plan = plan_hop(colptr, dst, fanout, replace=replace, runs=runs)
+    num_edges = num_drawing = None
+    if takes_gpu_path(dst):
+        num_edges, num_drawing = host_ints(plan.sizes)
+    return draw_hop(plan, num_edges, num_drawing, replace=replace, weights=weights,
+                    generator=generator, offset_type=offset_type, dst=dst)
 
 
 def _uniform_with_replacement(deg: Tensor, k: int, generator) -> Tensor:

@@ -44,14 +44,18 @@ def first_occurrences(nbr: Tensor, lookup: Tensor, num_ids: int) -> Tensor:
     back equal only there. No sort, one pass, and the same order on every run and thread count
     (a plain indexed write lets an arbitrary duplicate win when it runs in parallel).
     """
-    base = max(lookup.numel(), num_ids)
+    offer = _offers(max(lookup.numel(), num_ids), nbr, lookup)
+    lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
+    return nbr.masked_select(lookup.index_select(0, nbr) == offer)
+
+
+def _offers(base: int, nbr: Tensor, lookup: Tensor) -> Tensor:
+    """``base, base + 1, ...``, one per position of ``nbr``, in the lookup's type."""
     if base + nbr.numel() >= unseen(lookup.dtype):
         raise RuntimeError(f"{nbr.numel():,} sampled neighbours in one hop of a "
                            f"{lookup.numel():,}-node graph overflow the lookup's "
                            f"{lookup.dtype}; sample smaller batches.")
-    offer = torch.arange(base, base + nbr.numel(), dtype=lookup.dtype, device=nbr.device)
-    lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
-    return nbr.masked_select(lookup.index_select(0, nbr) == offer)
+    return torch.arange(base, base + nbr.numel(), dtype=lookup.dtype, device=nbr.device)
 
 
 class JointIds:
@@ -84,6 +88,29 @@ class JointIds:
         self._touched = None  # every entry of nbr is now a local id, entered above
         self.count[t] += new.numel()
         return lookup.index_select(0, nbr), new, None
+
+    def number_deferred(self, t, nbr: Tensor) -> tuple[Tensor, Tensor]:
+        """(local ids of ``nbr``, which positions introduce a new node), as :meth:`number`
+        numbers them but without reading how many are new: the GPU's path, where that read
+        waits for the device. The caller reads ``mask.sum()`` later, with other sizes, and
+        adds it to :attr:`count` before numbering more."""
+        lookup = self.lookup(t)
+        self._touched = (t, nbr)
+        first_id = self.count[t]
+        base = max(lookup.numel(), first_id)
+        offer = _offers(base, nbr, lookup)
+        lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
+        seen = lookup.index_select(0, nbr)
+        first = seen == offer
+        # A new node's entry holds its first position's offer, a known one its local id; the
+        # k-th first position (in order) takes id first_id + k, as number() gives it.
+        ids = torch.cumsum(first, 0, dtype=lookup.dtype).add_(first_id - 1)
+        local = torch.where(seen >= base, ids.index_select(0, (seen - base).clamp_(min=0)),
+                            seen)
+        lookup.index_copy_(0, nbr, local)  # a node's positions all write its one id
+        self._entered.append((t, nbr))
+        self._touched = None
+        return local, first
 
     def close(self) -> None:
         """Every entry this batch wrote back to :func:`unseen`, for the next batch."""
@@ -150,6 +177,10 @@ class BatchIds:
         local, new, _ = self._joint.number(t, nbr_batch * self.num_nodes[t] + nbr, None)
         new_batch = torch.div(new, self.num_nodes[t], rounding_mode="floor")
         return local, new - new_batch * self.num_nodes[t], new_batch
+
+    def number_deferred(self, t, nbr: Tensor, nbr_batch: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`JointIds.number_deferred` of the pairs ``(nbr_batch, nbr)``."""
+        return self._joint.number_deferred(t, nbr_batch * self.num_nodes[t] + nbr)
 
     def close(self) -> None:
         self._joint.close()

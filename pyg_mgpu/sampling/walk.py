@@ -17,14 +17,15 @@ the next hop. The modes are parameters of the same loop:
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 from torch_geometric.sampler import HeteroSamplerOutput
 
+from pyg_mgpu.gpu_path import host_ints, positions_of, takes_gpu_path
 from pyg_mgpu.sampling import temporal
-from pyg_mgpu.sampling.draws import hop_edges
+from pyg_mgpu.sampling.draws import HopPlan, draw_hop, plan_hop
 from pyg_mgpu.sampling.induced import induced_edges
 from pyg_mgpu.sampling.numbering import BatchIds, DisjointIds, JointIds
 from pyg_mgpu.sampling.sampling_graph import SamplingGraph
@@ -60,62 +61,110 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
         ids = JointIds(graph.lookup)
     # Every node carries its tree (disjoint), or its batch (several in one walk).
     with_trees = disjoint or seed_batch is not None
+    # On the GPU's path a hop's new nodes stay where the hop found them, marked, until the next
+    # hop's one read of sizes tells how many there are: one wait for the GPU per hop.
+    gpu = any(takes_gpu_path(s) for s in seed.values())
+    deferred = gpu and not disjoint
     node_types, edge_types = graph.node_types, graph.edge_types
     nodes = {t: [] for t in node_types}
     trees = {t: [] for t in node_types}
-    frontier = {}  # node type -> (its nodes of the previous hop, their trees, first local id)
+    frontier: dict = {}  # node type -> its Frontier
+    pending: dict = {}  # node type -> (nbr, trees, first) numbered but not counted (deferred)
     num_sampled_nodes = {t: [] for t in node_types}
     rows = {et: [] for et in edge_types}
     cols = {et: [] for et in edge_types}
     edges = {et: [] for et in edge_types}
     num_sampled_edges = {et: [] for et in edge_types}
+    empty = torch.empty(0, dtype=torch.long, device=device)
 
     def cat(parts: list) -> Tensor:
         if len(parts) == 1:
             return parts[0]
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long, device=device)
+        return torch.cat(parts) if parts else empty
+
+    def settle(counts: list) -> None:
+        """The pending hop's new nodes, now that their counts are on the host."""
+        for t, n in zip(pending, counts):
+            nbr, tree, first = pending[t]
+            picked = positions_of(first, n)
+            nodes[t].append(nbr.index_select(0, picked))
+            trees[t].append(None if tree is None else tree.index_select(0, picked))
+            ids.count[t] += n
+        for t in node_types:
+            num_sampled_nodes[t].append(dict(zip(pending, counts)).get(t, 0))
+        pending.clear()
 
     try:
         for t in node_types:
             s = seed.get(t)
-            s = s if s is not None else torch.empty(0, dtype=torch.long, device=device)
+            s = s if s is not None else empty
             tree = ids.seeds(t, s)
             nodes[t].append(s)
             trees[t].append(tree)
-            frontier[t] = (s, tree, 0)
+            frontier[t] = Frontier(s, tree, 0)
             num_sampled_nodes[t].append(s.numel())
         for hop in range(num_hops):
+            plans = {et: _plan(graph, et, frontier[et[2]], int(fanouts[et][hop]),
+                               replace=replace, tree_time=tree_time, strategy=strategy)
+                     for et in edge_types}
+            # The GPU's one read per hop: its draws' sizes, and the previous hop's new-node
+            # counts. (The CPU's ops find the sizes themselves.)
+            sizes = [plan.sizes for plan in plans.values() if plan is not None] if gpu else []
+            sizes += [first.sum().view(1) for _, _, first in pending.values()]
+            sizes = host_ints(torch.cat(sizes)) if sizes else []
+            if pending:
+                settle(sizes[len(sizes) - len(pending):])
             start_of_hop = dict(ids.count)
             drawn = {}  # source type -> its edge types' (edge type, neighbours, trees)
-            for et in edge_types:
-                dst, dst_tree, dst_start = frontier[et[2]]
-                local_dst, edge = _draw(graph, et, dst, dst_tree, int(fanouts[et][hop]),
-                                        replace=replace, generator=generator,
-                                        tree_time=tree_time, strategy=strategy)
+            for et, plan in plans.items():
+                f = frontier[et[2]]
+                if plan is None:
+                    local_dst = edge = empty
+                else:
+                    num_edges = num_drawing = None
+                    if gpu:
+                        num_edges, num_drawing, sizes = sizes[0], sizes[1], sizes[2:]
+                    local_dst, edge = draw_hop(
+                        plan, num_edges, num_drawing, replace=replace,
+                        weights=graph.weights[et], generator=generator,
+                        offset_type=graph.offset_type[et], dst=f.nodes)
                 # int64 from here on: scatter and index_copy take no int32 index.
                 nbr = graph.row[et].index_select(0, edge).long()
-                nbr_tree = None if dst_tree is None else dst_tree.index_select(0, local_dst)
+                nbr_tree = None if f.trees is None else f.trees.index_select(0, local_dst)
                 drawn.setdefault(et[0], []).append((et, nbr, nbr_tree))
-                cols[et].append(local_dst.add_(dst_start))
+                cols[et].append(local_dst.add_(f.start) if f.local is None
+                                else f.local.index_select(0, local_dst))
                 edges[et].append(edge)
                 num_sampled_edges[et].append(edge.numel())
             # One numbering per source type: the neighbours of its edge types, in the graph's
             # order, get the ids that numbering them type by type would give. Its new nodes
             # are the type's next frontier; a type no edge type leaves has none.
-            frontier = {t: (cat([]), cat([]) if with_trees else None, start_of_hop[t])
+            frontier = {t: Frontier(empty, empty if with_trees else None, start_of_hop[t])
                         for t in node_types}
             for t, parts in drawn.items():
-                local, new, new_tree = ids.number(
-                    t, cat([nbr for _, nbr, _ in parts]),
-                    cat([tree for _, _, tree in parts]) if with_trees else None)
-                nodes[t].append(new)
-                trees[t].append(new_tree)
-                frontier[t] = (new, new_tree, start_of_hop[t])
-                sizes = [nbr.numel() for _, nbr, _ in parts]
-                for (et, _, _), part in zip(parts, local.split(sizes)):
+                nbr = cat([nbr for _, nbr, _ in parts])
+                tree = cat([tree for _, _, tree in parts]) if with_trees else None
+                if deferred:
+                    local, first = (ids.number_deferred(t, nbr) if tree is None else
+                                    ids.number_deferred(t, nbr, tree))
+                    pending[t] = (nbr, tree, first)
+                    frontier[t] = Frontier(nbr, tree, start_of_hop[t], local, first)
+                else:
+                    local, new, new_tree = ids.number(t, nbr, tree)
+                    nodes[t].append(new)
+                    trees[t].append(new_tree)
+                    frontier[t] = Frontier(new, new_tree, start_of_hop[t])
+                sizes_of = [nbr.numel() for _, nbr, _ in parts]
+                for (et, _, _), part in zip(parts, local.split(sizes_of)):
                     rows[et].append(part)
-            for t in node_types:
-                num_sampled_nodes[t].append(ids.count[t] - start_of_hop[t])
+            if not deferred:
+                for t in node_types:
+                    num_sampled_nodes[t].append(ids.count[t] - start_of_hop[t])
+            elif not pending:  # no type drew a neighbour
+                settle([])
+        if pending:  # the last hop's new nodes: the walk's last read
+            settle(host_ints(torch.cat([first.sum().view(1)
+                                        for _, _, first in pending.values()])))
         node = {t: cat(nodes[t]) for t in node_types}
         if induced:  # every edge among the sampled nodes; no per-hop counts (as PyG's)
             for et in edge_types:
@@ -142,19 +191,30 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
                            {restore[et]: v for et, v in num_sampled_edges.items()}))
 
 
-def _draw(graph: SamplingGraph, edge_type: tuple, dst: Tensor, dst_tree: Optional[Tensor],
-          fanout: int, *, replace: bool, generator: torch.Generator,
-          tree_time: Optional[Tensor], strategy: str) -> tuple[Tensor, Tensor]:
-    """One edge type's draws for one hop: (position of each edge's destination in ``dst``,
-    the edge's CSC position)."""
+class Frontier(NamedTuple):
+    """The nodes of one type that the next hop draws for: ``nodes`` (global ids), their
+    ``trees``, and their local ids, ``start + position``, or on the GPU's path ``local`` per
+    position with ``active`` marking the positions that draw (each new node's first one)."""
+
+    nodes: Tensor
+    trees: Optional[Tensor]
+    start: int
+    local: Optional[Tensor] = None
+    active: Optional[Tensor] = None
+
+
+def _plan(graph: SamplingGraph, edge_type: tuple, frontier: Frontier, fanout: int, *,
+          replace: bool, tree_time: Optional[Tensor], strategy: str) -> Optional[HopPlan]:
+    """One edge type's draws for one hop, before their sizes are read; None if it draws
+    nothing."""
+    dst = frontier.nodes
     if fanout == 0 or dst.numel() == 0:
-        empty = torch.empty(0, dtype=torch.long, device=dst.device)
-        return empty, empty
+        return None
     csc, runs = graph.csc[edge_type], None
     by_time = graph.by_time.get(edge_type)
     if by_time is not None and tree_time is not None:  # no edge later than its tree's time
         runs, fanout = temporal.eligible_runs(csc.colptr, by_time, dst,
-                                              tree_time.index_select(0, dst_tree), fanout,
-                                              strategy)
-    return hop_edges(csc.colptr, dst, fanout, replace=replace, weights=graph.weights[edge_type],
-                     generator=generator, offset_type=graph.offset_type[edge_type], runs=runs)
+                                              tree_time.index_select(0, frontier.trees),
+                                              fanout, strategy)
+    return plan_hop(csc.colptr, dst, fanout, replace=replace, runs=runs,
+                    active=frontier.active)

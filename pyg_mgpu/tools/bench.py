@@ -38,6 +38,7 @@ from pyg_mgpu.distributed.devices import resolve_devices
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 from pyg_mgpu.tools.sampler_bench import run_sampler_bench, synthetic_graph
 from pyg_mgpu.tools.step_costs import count_steps, format_step_costs
+from pyg_mgpu.train.loaders import GPU_BATCHES_PER_WALK
 from pyg_mgpu.train.config import in_flags
 
 SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_ckpt_every_step",
@@ -81,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-costs", action="store_true",
                    help="count the kernel ops and host syncs of one training step, per stage "
                         "(the GPU's path, counted on the CPU) instead of training")
+    p.add_argument("--sample-batches", type=int, default=GPU_BATCHES_PER_WALK, metavar="K",
+                   help="--step-costs: also count steps whose batches are sampled K per walk "
+                        "(the default on GPUs), per batch; 1 skips that count")
     p.add_argument("--batches", type=int, default=30,
                    help="batches per sampler measurement (--sampler-only: a multiple of 6 "
                         "gives every mode every place in the turns equally often)")
@@ -202,9 +206,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     if args.step_costs:
         graph = synthetic_graph(args)
-        results = count_steps(graph, fanout=tuple(int(k) for k in args.fanout.split(",")),
-                              batch_size=args.batch_size, hidden=args.hidden, seed=args.seed)
+        fanout = tuple(int(k) for k in args.fanout.split(","))
+        results = count_steps(graph, fanout=fanout, batch_size=args.batch_size,
+                              hidden=args.hidden, seed=args.seed)
         print(format_step_costs(results), end="")
+        if args.sample_batches > 1:  # and with several batches per walk, per batch
+            walked = count_steps(graph, fanout=fanout, batch_size=args.batch_size,
+                                 hidden=args.hidden, seed=args.seed,
+                                 sample_batches=args.sample_batches)
+            print(f"\nwith {args.sample_batches} batches per walk, per batch:")
+            print(format_step_costs(walked), end="")
+            results = {**results, "walked": walked}
     elif args.sampler_only:
         results = run_sampler_bench(args)
         for key, value in results.items():

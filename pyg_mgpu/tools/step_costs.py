@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pyg_mgpu.gpu_path import reading_hook
+
 STAGES = ("sampling", "batch assembly", "forward", "backward", "optimizer", "metrics")
 
 # Ops whose result size or value the host reads before it can go on: each waits for the GPU.
@@ -100,20 +102,38 @@ class OpCounter(TorchDispatchMode):
                 costs.sync_ops[name.removeprefix("aten::")] += 1
         return func(*args, **kwargs)
 
+    def host_read(self) -> None:
+        """A :func:`~pyg_mgpu.gpu_path.host_ints` read: one wait for the GPU."""
+        costs = self.costs[self.stage]
+        costs.syncs += 1
+        costs.sync_ops["host read"] += 1
+
+    def __enter__(self):
+        self._reads = reading_hook(self.host_read)
+        self._reads.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._reads.__exit__(*exc)
+        return super().__exit__(*exc)
+
     def in_stage(self, stage: str) -> "OpCounter":
         self.stage = stage
         return self
 
 
 def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: int = 256,
-                steps: int = 3, seed: int = 0, gpu_path: bool = True) -> dict:
-    """Per stage, the kernel ops, views and host syncs of each of ``steps`` training steps of
-    the CLI's GraphSAGE on ``graph`` (a ``ConvertedGraph``), after one step of warm-up; on the
-    GPU's path unless ``gpu_path`` is False (the CPU's forms, where they differ).
+                steps: int = 3, seed: int = 0, gpu_path: bool = True,
+                sample_batches: int = 1) -> dict:
+    """Per stage, the kernel ops, views and host syncs of a training step of the CLI's
+    GraphSAGE on ``graph`` (a ``ConvertedGraph``), on the GPU's path unless ``gpu_path`` is
+    False (the CPU's forms, where they differ). ``steps`` measurements after a warm-up; with
+    ``sample_batches`` k, each measurement is the k steps of one walk, divided by k (the
+    walk's costs shared by its batches).
 
     Returns:
-        ``{"stages": {stage: costs of the median step}, "total": {...}, "per_step_kernels":
-        [...], "per_step_syncs": [...]}``
+        ``{"stages": {stage: costs per step of the median measurement}, "total": {...},
+        "per_step_kernels": [...], "per_step_syncs": [...]}``
     """
     from pyg_mgpu.gpu_path import counting_gpu_path
     from pyg_mgpu.nn.models import build_model
@@ -122,28 +142,35 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
 
     torch.manual_seed(seed)
     device = torch.device("cpu")
+    k = sample_batches
     loader = make_loader(graph, graph.train_idx, fanout=fanout, sampler="native", seed=seed,
-                         batch_size=batch_size, rank=0, world_size=1)
+                         batch_size=batch_size, rank=0, world_size=1, sample_batches=k)
     loader.set_epoch(0)
+    if len(loader) < k * (steps + 1):
+        raise ValueError(f"{len(loader)} batches of {batch_size} training nodes are fewer than "
+                         f"the {k * (steps + 1)} this count needs; use a bigger graph.")
     model = build_model("sage", graph.num_features, hidden, graph.num_classes, len(fanout),
                         0.5, sparse_aggregation=True, fast_dropout=True)
-    # The multi-tensor Adam that torch picks on GPUs.
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    # The fused Adam that the trainer uses on GPUs (the multi-tensor one off the GPU's path).
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=gpu_path or None,
+                                 foreach=not gpu_path or None)
     totals = EpochTotals(device)
     sampler = loader.node_sampler
-    sample_from_nodes = sampler.sample_from_nodes
     counter: Optional[OpCounter] = None
 
-    def sampling(*args, **kwargs):
-        if counter is None:
-            return sample_from_nodes(*args, **kwargs)
-        before, counter.stage = counter.stage, "sampling"
-        try:
-            return sample_from_nodes(*args, **kwargs)
-        finally:
-            counter.stage = before
+    def in_sampling(method):
+        def sampling(*args, **kwargs):
+            if counter is None:
+                return method(*args, **kwargs)
+            before, counter.stage = counter.stage, "sampling"
+            try:
+                return method(*args, **kwargs)
+            finally:
+                counter.stage = before
+        return sampling
 
-    sampler.sample_from_nodes = sampling
+    sampler.sample_from_nodes = in_sampling(sampler.sample_from_nodes)
+    sampler.sample_batches = in_sampling(sampler.sample_batches)
     batches = iter(loader)
     per_step = []
 
@@ -165,16 +192,18 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
 
     try:
         with counting_gpu_path() if gpu_path else contextlib.nullcontext():
-            step()  # warm-up: the optimizer's state is made here
+            for _ in range(k):  # warm-up: the optimizer's state is made here
+                step()
             step_counters = frozenset(s["step"].data_ptr() for s in optimizer.state.values())
             for _ in range(steps):
                 counter = OpCounter(host_only=step_counters)
                 with counter:
-                    step()
+                    for _ in range(k):
+                        step()
                 per_step.append(counter.costs)
                 counter = None
     finally:
-        del sampler.sample_from_nodes  # the instance attribute; the method is back
+        del sampler.sample_from_nodes, sampler.sample_batches  # the methods are back
     kernels = [sum(c.kernels for c in costs.values()) for costs in per_step]
     median = per_step[kernels.index(sorted(kernels)[len(kernels) // 2])]
     total = StageCosts()
@@ -183,11 +212,21 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
         total.views += costs.views
         total.syncs += costs.syncs
         total.sync_ops.update(costs.sync_ops)
-    return {"stages": {stage: costs.to_dict() for stage, costs in median.items()},
-            "total": total.to_dict(), "per_step_kernels": kernels,
-            "per_step_syncs": [sum(c.syncs for c in costs.values()) for costs in per_step],
+
+    def per_batch(costs: StageCosts) -> dict:
+        counts = costs.to_dict()
+        if k == 1:
+            return counts
+        for key in ("kernel_ops", "views", "host_syncs"):
+            counts[key] = round(counts[key] / k, 2)
+        counts["sync_ops"] = {name: round(n / k, 2) for name, n in counts["sync_ops"].items()}
+        return counts
+
+    return {"stages": {stage: per_batch(costs) for stage, costs in median.items()},
+            "total": per_batch(total), "per_step_kernels": [n / k for n in kernels],
+            "per_step_syncs": [sum(c.syncs for c in costs.values()) / k for costs in per_step],
             "fanout": list(fanout), "batch_size": batch_size, "hidden": hidden,
-            "median_kernels": statistics.median(kernels)}
+            "sample_batches": k, "median_kernels": statistics.median(kernels) / k}
 
 
 def format_step_costs(result: dict) -> str:

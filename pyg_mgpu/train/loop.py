@@ -123,7 +123,7 @@ class EpochTotals:
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
         """One batch: its seed logits, their labels and its mean loss."""
         prediction = logits.detach().argmax(-1)
-        self.loss_sum += loss.detach().double() * y.numel()
+        self.loss_sum.add_(loss.detach(), alpha=y.numel())  # float64 sum, one kernel
         self.correct += (prediction == y).sum()
         if self.predicted.numel() != logits.size(-1):
             self.predicted = torch.zeros(logits.size(-1), dtype=torch.long,

@@ -88,7 +88,10 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None, gradient_as_bucket_view=defer_allreduce)
     grad_sync = DeferredAllReduce(ddp) if defer_allreduce else None
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.model.lr, weight_decay=cfg.model.weight_decay)
+    # Fused on GPUs: one kernel for every parameter instead of a dozen multi-tensor launches.
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.model.lr,
+                                 weight_decay=cfg.model.weight_decay,
+                                 fused=ctx.device.type == "cuda" or None)
     torch.manual_seed(cfg.training.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
     return Trainee(model, ddp, optimizer, grad_sync)
 
