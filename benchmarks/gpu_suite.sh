@@ -151,6 +151,10 @@ if want variants; then
   # The 9 end-to-end variants, 1 rank with NCCL (ranks: cuda:0), same graph and seed:
   # compare test_acc across them in summary.md (bf16/compile may differ by noise only).
   train graph_gpu 240 --devices "$DEV" --graph-on gpu
+  # The shared host copy pinned and read in place by the GPU: graph_gpu's losses exactly.
+  train graph_host 240 --devices "$DEV" --graph-on host
+  # One batch per walk instead of the GPU default (8): seconds per epoch against graph_gpu.
+  train walk_1 240 --devices "$DEV" --graph-on gpu --sample-batches 1
   train graph_cpu_cache 240 --devices "$DEV" --graph-on cpu --feature-cache-gb 0.02
   train graph_cpu_mmap 240 --devices "$DEV" --graph-on cpu --features-on mmap \
     --feature-cache-gb 0.02
@@ -179,6 +183,12 @@ if want variants; then
   # Multi-rank CUDA logic on one GPU: 2 ranks over gloo (NCCL refuses two ranks on one GPU).
   train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
     --inference layerwise
+  # Two ranks reading one pinned host copy: the job's total PSS against the dataset's size
+  # (one pinned copy, not one per rank).
+  step host_memory 300 "$PY" -m pyg_mgpu.memory -- "$PY" -m pyg_mgpu.distributed_sampling \
+    --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --graph-on host \
+    --num-nodes "$NODES" --num-edges "$EDGES" --num-features 100 --num-classes 47 \
+    --fanout 15,10,5 --batch-size 1024 --epochs 1 --out "$OUT/host_memory"
 fi
 
 if want full; then
@@ -190,10 +200,11 @@ if want full; then
       > "$OUT/products/gpu_usage.csv" 2>/dev/null &
     SMI=$!
   fi
-  step products 560 "$PY" -m pyg_mgpu.bench --devices cuda --nprocs 1 --num-nodes 2400000 \
+  step products 600 "$PY" -m pyg_mgpu.bench --devices cuda --nprocs 1 --num-nodes 2400000 \
     --num-edges 62000000 --num-features 100 --num-classes 47 --fanout 15,10,5 \
     --batch-size 1024 --epochs 3 --num-workers 4 \
-    --systems pyg_mgpu,pyg_mgpu_bf16,pyg_model_native_sampler,pyg_recipe --out "$OUT/products"
+    --systems pyg_mgpu,pyg_mgpu_graph_on_host,pyg_mgpu_one_batch_per_walk,pyg_mgpu_bf16,pyg_model_native_sampler,pyg_recipe \
+    --out "$OUT/products"
   if [ "$DRY" != 1 ]; then kill "$SMI" 2>/dev/null; wait "$SMI" 2>/dev/null; summarize; fi
 fi
 # Every log, metrics.json, bench.json and GPU usage sample in one file, to copy off the machine.

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON,
+from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON, GRAPH_PLACES,
                                    INFERENCE_MODES, MODEL_RECIPES, MODELS, NORMS, RECIPES,
                                    SAMPLERS, ConfigError, TrainConfig, in_flags)
 
@@ -169,9 +169,12 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
     performance.add_argument("--compile", action="store_true", default=d.compile,
                              help="torch.compile the model (dynamic shapes; inductor fuses ReLU "
                                   "and dropout itself); meant for GPUs")
-    performance.add_argument("--graph-on", choices=["auto", "cpu", "gpu"], default=d.graph_on,
-                             help="where GPU ranks keep graph and features: auto = on the GPU "
-                                  "if it fits in half its free memory, else shared host memory")
+    performance.add_argument("--graph-on", choices=GRAPH_PLACES, default=d.graph_on,
+                             help="where GPU ranks keep graph and features: gpu = a copy on "
+                                  "each GPU; cpu = the shared host copy, sampled on the CPU; "
+                                  "host = the shared host copy pinned once, sampled and "
+                                  "gathered by every GPU in place (zero-copy); auto = gpu if "
+                                  "it fits in half the free memory, else cpu")
     performance.add_argument("--feature-cache-gb", type=float, default=d.feature_cache_gb,
                              help="GPU ranks with the graph in host memory cache the "
                                   "most-sampled feature rows on the GPU, up to this size; "

@@ -339,6 +339,42 @@ def test_cli_gpu_variants(tmp_path, flags):
     assert 0.0 <= metrics["test_acc"] <= 1.0
 
 
+def test_cli_graph_on_host_trains_as_the_gpu_copy_does(tmp_path):
+    # Same sampler on the same GPU, the graph read in place from pinned host memory instead of
+    # a GPU copy: the same batches, so the same losses and accuracies.
+    metrics = {}
+    for place in ("gpu", "host"):
+        out = tmp_path / place
+        assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--graph-on", place,
+                            "--out", str(out)]) == 0
+        metrics[place] = json.loads((out / "metrics.json").read_text())
+    for key in ("train_loss", "train_acc", "val_acc"):
+        assert [e[key] for e in metrics["host"]["epochs"]] == \
+            [e[key] for e in metrics["gpu"]["epochs"]], key
+
+
+def test_cli_sample_batches_on_the_gpu_trains(tmp_path):
+    assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--sample-batches", "4",
+                        "--checkpoint-every-steps", "3", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["test_acc"] > 0.5
+
+
+def test_device_view_reads_the_host_bytes_in_place():
+    from pyg_mgpu.data.pinned import device_view
+    for host in (torch.arange(1000, dtype=torch.int64), torch.randn(300, 7),
+                 torch.randn(50, 4).to(torch.bfloat16)):
+        host = host.share_memory_()
+        view = device_view(host, CUDA)
+        assert view.is_cuda and view.dtype == host.dtype and view.shape == host.shape
+        assert torch.equal(view.cpu(), host)
+        picked = torch.tensor([3, 0, 17], device=CUDA)
+        assert torch.equal(view.index_select(0, picked).cpu(), host[picked.cpu()])
+        host[0] = host[1]  # a view, not a copy: a host write shows on the device
+        torch.cuda.synchronize()
+        assert torch.equal(view[0].cpu(), host[1])
+
+
 @pytest.mark.parametrize("cache_gb", ["0", "0.001"])
 def test_cli_gathers_features_from_the_mapped_cache_on_the_gpu(tmp_path, cache_gb):
     # The graph stays in host memory as the cache's mapped files; batches gather rows from

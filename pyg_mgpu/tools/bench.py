@@ -9,6 +9,10 @@ Systems:
 - ``pyg_mgpu``: this project (native sampler, trimmed layers, embedding-bag mean aggregation,
   byte dropout).
 - ``pyg_mgpu_bf16``: the same with ``--amp bf16``.
+- ``pyg_mgpu_graph_on_host`` (GPUs): the same with ``--graph-on host``, the graph pinned once in
+  host memory and read in place by every GPU.
+- ``pyg_mgpu_one_batch_per_walk``: the same with ``--sample-batches 1`` (against the default,
+  8 batches per walk on GPUs).
 - ``pyg_mgpu_ckpt_every_step``, ``pyg_mgpu_ckpt_every_10_steps``: the same, also writing a step
   checkpoint every step or every 10 steps (``--checkpoint-every-steps``): their cost. Every run
   also reports its ``checkpoint`` stage, the ranks' per-step agreement on stopping included.
@@ -41,11 +45,16 @@ from pyg_mgpu.tools.step_costs import count_steps, format_step_costs
 from pyg_mgpu.train.loaders import GPU_BATCHES_PER_WALK
 from pyg_mgpu.train.config import in_flags
 
-SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_ckpt_every_step",
-           "pyg_mgpu_ckpt_every_10_steps", "pyg_model_native_sampler", "pyg_recipe", "dgl")
+SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_graph_on_host", "pyg_mgpu_one_batch_per_walk",
+           "pyg_mgpu_ckpt_every_step", "pyg_mgpu_ckpt_every_10_steps",
+           "pyg_model_native_sampler", "pyg_recipe", "dgl")
 SYSTEM_FLAGS = {
     "pyg_mgpu": ["--recipe", "pyg_mgpu", "--sampler", "native"],
     "pyg_mgpu_bf16": ["--recipe", "pyg_mgpu", "--sampler", "native", "--amp", "bf16"],
+    "pyg_mgpu_graph_on_host": ["--recipe", "pyg_mgpu", "--sampler", "native",
+                               "--graph-on", "host"],
+    "pyg_mgpu_one_batch_per_walk": ["--recipe", "pyg_mgpu", "--sampler", "native",
+                                    "--sample-batches", "1"],
     "pyg_mgpu_ckpt_every_step": ["--recipe", "pyg_mgpu", "--sampler", "native",
                                  "--checkpoint-every-steps", "1"],
     "pyg_mgpu_ckpt_every_10_steps": ["--recipe", "pyg_mgpu", "--sampler", "native",

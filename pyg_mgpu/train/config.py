@@ -233,6 +233,9 @@ class RankSettings:
             raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
 
 
+GRAPH_PLACES = ("auto", "cpu", "gpu", "host")
+
+
 @dataclass
 class PerformanceSettings:
     amp: str = "none"
@@ -245,7 +248,7 @@ class PerformanceSettings:
     profile: bool = False
 
     def __post_init__(self) -> None:
-        _one_of(amp=(self.amp, AMP_MODES), graph_on=(self.graph_on, ("auto", "cpu", "gpu")))
+        _one_of(amp=(self.amp, AMP_MODES), graph_on=(self.graph_on, GRAPH_PLACES))
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.feature_cache_gb is not None and not self.feature_cache_gb >= 0:
@@ -324,9 +327,13 @@ class TrainConfig:
             # batch of layer-wise inference (like a sampled batch) holds only its own edges.
             raise ConfigError("--inference layerwise is not exact for --model gcn (its "
                               "normalisation needs whole-graph degrees); use gat, gin or sage.")
-        if self.performance.graph_on == "gpu" and self.training.sampler == "pyg":
-            raise ConfigError("--graph-on gpu needs --sampler native: PyG's sampler (pyg-lib, "
-                              "torch-sparse) samples on the CPU from the host copy of the graph.")
+        if self.performance.graph_on in ("gpu", "host") and self.training.sampler == "pyg":
+            raise ConfigError(f"--graph-on {self.performance.graph_on} needs --sampler native: "
+                              "PyG's sampler (pyg-lib, torch-sparse) samples on the CPU from the "
+                              "host copy of the graph.")
+        if self.performance.graph_on == "host" and self.data.features_on == "mmap":
+            raise ConfigError("--graph-on host pins the shared copy in memory; --features-on "
+                              "mmap leaves the features in a file. Use one of them.")
         if self.faults.resume == "auto" and not self.outputs.out:
             raise ConfigError("--resume auto continues from --out's checkpoint when there is "
                               "one; give --out (the folder every restart of the job shares).")
@@ -345,6 +352,7 @@ class TrainConfig:
                    "--inference layerwise": self.evaluation.inference == "layerwise",
                    "--sampler pyg": self.training.sampler == "pyg",
                    "--graph-on gpu": self.performance.graph_on == "gpu",
+                   "--graph-on host": self.performance.graph_on == "host",
                    "--compile": self.performance.compile,
                    "--features-on mmap": self.data.features_on == "mmap"}
         for flag, given in refused.items():

@@ -19,6 +19,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_mgpu.data.graph import ConvertedGraph
+from pyg_mgpu.data.pinned import pinned_graph_tensors
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
@@ -48,7 +49,9 @@ def _pyg_sampler(graph: ConvertedGraph, fanout: Sequence[int]):
 def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
                 sampler: str = "native", free_bytes: Optional[int] = None) -> ConvertedGraph:
     """The graph this rank samples from: its own GPU copy when asked or when it fits, else
-    the shared host copy (features then travel per batch).
+    the shared host copy (features then travel per batch); with ``placement="host"``, CUDA
+    views of the shared host copy, pinned in place (:mod:`pyg_mgpu.data.pinned`), which this
+    GPU samples and gathers from without copying the graph.
 
     PyG's sampler (pyg-lib, torch-sparse) samples on the CPU, from the host copy. ``free_bytes``
     is the GPU memory the ``auto`` choice goes by (default: this GPU's free memory; the trainer
@@ -57,6 +60,10 @@ def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
     if device.type != "cuda" or placement == "cpu" or sampler == "pyg" or \
             graph.is_hetero:  # the heterogeneous sampler reads the host copy
         return graph
+    if placement == "host":  # the shared copy pinned, read in place by this GPU's kernels
+        small = {"train_idx", "val_idx", "test_idx"}
+        moved = pinned_graph_tensors(graph.tensors(), device, small=small)
+        return ConvertedGraph(name=graph.name, num_classes=graph.num_classes, **moved)
     if placement == "auto":
         if free_bytes is None:
             free_bytes, _ = torch.cuda.mem_get_info(device)

@@ -1,0 +1,116 @@
+"""``--graph-on host``: the shared host copy pinned in place and read by GPU kernels through
+CUDA views of its bytes (:mod:`pyg_mgpu.data.pinned`). Everything up to the CUDA calls runs
+here, with a stand-in for the CUDA runtime; tests/test_gpu_paths.py runs the calls on a GPU."""
+import contextlib
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from pyg_mgpu.data import pinned
+from pyg_mgpu.distributed_sampling import main
+
+
+class FakeRuntime:
+    """Records cudaHostRegister calls; answers with ``code``."""
+
+    def __init__(self, code=0):
+        self.code, self.calls = code, []
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        self.calls.append((ptr, nbytes, flags))
+        return self.code
+
+
+def read_back(mapped, device=None):
+    """What torch.as_tensor would see: a tensor over the interface's pointer, shape and type
+    (on the CPU, where the bytes are)."""
+    face = mapped.__cuda_array_interface__
+    dtype = {"<f4": np.float32, "<i8": np.int64, "<i4": np.int32, "<i2": np.int16,
+             "|u1": np.uint8}[face["typestr"]]
+    count = int(np.prod(face["shape"])) if face["shape"] else 1
+    buffer = (ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(face["data"][0])
+    return torch.from_numpy(np.frombuffer(buffer, dtype=dtype).reshape(face["shape"]))
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """device_view's CUDA steps replaced by reading the interface back on the CPU."""
+    monkeypatch.setattr(pinned.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(pinned.torch, "as_tensor", read_back)
+
+
+def test_registers_the_tensors_bytes_mapped_and_portable():
+    runtime, x = FakeRuntime(), torch.randn(10, 3)
+    pinned.register_host_memory(x, runtime)
+    assert runtime.calls == [(x.data_ptr(), 10 * 3 * 4, 3)]
+    pinned.register_host_memory(torch.empty(0), runtime)  # nothing to pin
+    assert len(runtime.calls) == 1
+
+
+def test_a_second_registration_is_fine_and_a_refusal_says_what_to_do():
+    pinned.register_host_memory(torch.ones(4), FakeRuntime(pinned.ALREADY_REGISTERED))
+    with pytest.raises(pinned.HostRegistrationError, match=r"error 2\).*ulimit -l.*--graph-on"):
+        pinned.register_host_memory(torch.ones(4), FakeRuntime(2))
+
+
+@pytest.mark.parametrize("host", [torch.arange(12, dtype=torch.int64).view(3, 4),
+                                  torch.randn(5, 6), torch.arange(7, dtype=torch.int32),
+                                  torch.randn(4, 2).to(torch.bfloat16)],
+                         ids=["int64", "float32", "int32", "bfloat16"])
+def test_view_has_the_tensors_bytes_shape_and_type(on_cpu, host):
+    runtime = FakeRuntime()
+    view = pinned.device_view(host, torch.device("cuda", 0), runtime)
+    assert view.dtype == host.dtype and view.shape == host.shape
+    assert torch.equal(view, host)
+    assert runtime.calls[0][:2] == (host.data_ptr(), host.numel() * host.element_size())
+    host.view(-1)[0] += 1  # the same bytes, not a copy
+    assert torch.equal(view, host)
+
+
+def test_view_refuses_what_it_cannot_map():
+    with pytest.raises(ValueError, match="contiguous CPU tensor"):
+        pinned.device_view(torch.randn(4, 4).t(), torch.device("cuda", 0), FakeRuntime())
+
+
+def test_graph_tensors_are_views_and_splits_are_copied(monkeypatch):
+    viewed = []
+    monkeypatch.setattr(pinned, "device_view",
+                        lambda t, device, runtime=None: viewed.append(t) or t)
+    tensors = {"colptr": torch.arange(5), "x": torch.randn(4, 2), "train_idx": torch.arange(2)}
+    out = pinned.pinned_graph_tensors(tensors, torch.device("cpu"), small={"train_idx"})
+    assert [id(t) for t in viewed] == [id(tensors["colptr"]), id(tensors["x"])]
+    assert torch.equal(out["train_idx"], tensors["train_idx"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--graph-on", "host", "--sampler", "pyg"], "--graph-on host needs --sampler native"),
+    (["--graph-on", "host", "--features-on", "mmap"], "--graph-on host pins the shared copy"),
+    (["--graph-on", "host", "--dataset", "synthetic-hetero"],
+     "--graph-on host is for homogeneous datasets"),
+])
+def test_cli_refuses_what_the_pinned_graph_cannot_do(capfd, flags, message):
+    assert main(flags) == 2
+    assert message in capfd.readouterr().err
+
+
+def test_a_gpu_rank_with_graph_on_host_gets_the_views(monkeypatch):
+    from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+    from pyg_mgpu.train import loaders
+    graph = make_synthetic(SyntheticSpec(num_nodes=200, num_edges=1000, num_features=4,
+                                         num_classes=3), 0)
+    asked = {}
+
+    def views(tensors, device, small=None):
+        asked.update(device=device, small=small, names=set(tensors))
+        return dict(tensors)
+
+    monkeypatch.setattr(loaders, "pinned_graph_tensors", views)
+    placed = loaders.place_graph(graph, torch.device("cuda", 0), "host")
+    assert asked["device"] == torch.device("cuda", 0)
+    assert asked["names"] == set(graph.tensors())
+    assert asked["small"] == {"train_idx", "val_idx", "test_idx"}
+    assert torch.equal(placed.colptr, graph.colptr) and placed.num_classes == graph.num_classes
+    # The CPU placement never pins anything.
+    assert loaders.place_graph(graph, torch.device("cuda", 0), "cpu") is graph
