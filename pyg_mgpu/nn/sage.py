@@ -8,6 +8,7 @@ every layer on every node) is wasted work: on a [25, 10] sample the input has ~4
 """
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence
 
 import torch
@@ -200,8 +201,9 @@ class GraphSAGE(nn.Module):
         if trim:
             assert len(num_sampled_nodes_per_hop) == self.num_layers + 1, (
                 "need one node count per hop plus the seeds")
-            nodes_upto = torch.tensor(num_sampled_nodes_per_hop).cumsum(0).tolist()
-            edges_upto = torch.tensor(num_sampled_edges_per_hop).cumsum(0).tolist()
+            # Host integers: summed in Python, no tensor op (nor a kernel on the GPU's path).
+            nodes_upto = list(itertools.accumulate(int(n) for n in num_sampled_nodes_per_hop))
+            edges_upto = list(itertools.accumulate(int(n) for n in num_sampled_edges_per_hop))
             if self.sparse_aggregation:
                 dst_ptr = _dst_pointers(edge_index[1], nodes_upto[-2])
         for i, conv in enumerate(self.convs):
