@@ -17,6 +17,7 @@ so they need neither pyg-lib nor torch-sparse. See docs/api.md.
 """
 from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.data.datasets import load_dataset
+from pyg_mgpu.data.pinned import pinned_data
 from pyg_mgpu.distributed.context import JobStopped, RankContext, RankFailed
 from pyg_mgpu.distributed.launch import spawn
 from pyg_mgpu.sampling.bidirectional import BidirectionalNeighborSampler
@@ -41,6 +42,7 @@ __all__ = [
     "global_ratio",
     "layerwise_inference",
     "load_dataset",
+    "pinned_data",
     "ranking_metrics",
     "share_data",
     "spawn",

@@ -360,6 +360,23 @@ def test_cli_sample_batches_on_the_gpu_trains(tmp_path):
     assert metrics["test_acc"] > 0.5
 
 
+def test_loader_over_pinned_data_draws_the_gpu_copys_batches():
+    import pyg_mgpu
+    gen = torch.Generator().manual_seed(0)
+    data = Data(x=torch.randn(400, 6), y=torch.randint(3, (400,)),
+                edge_index=torch.randint(400, (2, 4000), generator=gen))
+    pinned = pyg_mgpu.pinned_data(pyg_mgpu.share_data(data), CUDA)
+    assert pinned.x.is_cuda and pinned.edge_index.is_cuda
+
+    def batches(graph):
+        loader = NeighborLoader(graph, [5, 3], input_nodes=torch.arange(100), batch_size=20,
+                                seed=7)
+        return [(b.n_id.cpu(), b.e_id.cpu(), b.x.cpu()) for b in loader]
+
+    for a, b in zip(batches(data.to(CUDA)), batches(pinned)):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+
+
 def test_device_view_reads_the_host_bytes_in_place():
     from pyg_mgpu.data.pinned import device_view
     for host in (torch.arange(1000, dtype=torch.int64), torch.randn(300, 7),

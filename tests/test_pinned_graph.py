@@ -114,3 +114,46 @@ def test_a_gpu_rank_with_graph_on_host_gets_the_views(monkeypatch):
     assert torch.equal(placed.colptr, graph.colptr) and placed.num_classes == graph.num_classes
     # The CPU placement never pins anything.
     assert loaders.place_graph(graph, torch.device("cuda", 0), "cpu") is graph
+
+
+def test_pinned_data_views_every_tensor_and_its_csc_and_loads_the_same_batches(monkeypatch):
+    from torch_geometric.data import Data
+
+    import pyg_mgpu
+    from pyg_mgpu.data.csc import cached_csc, csc_of
+    viewed = []
+
+    def fake_view(tensor, device, runtime=None):  # a different tensor with the same values
+        viewed.append(tensor)
+        return tensor.clone()
+
+    monkeypatch.setattr(pinned, "device_view", fake_view)
+    gen = torch.Generator().manual_seed(0)
+    data = Data(x=torch.randn(200, 5), y=torch.randint(3, (200,)),
+                edge_index=torch.randint(200, (2, 1500), generator=gen),
+                edge_attr=torch.randn(1500, 2))
+    out = pyg_mgpu.pinned_data(data, torch.device("cuda", 0))
+    host = csc_of(data)
+    csc = cached_csc(out)
+    assert csc is not None and csc.colptr is not host.colptr  # the views', found, not rebuilt
+    assert torch.equal(csc.colptr, host.colptr) and torch.equal(csc.row, host.row)
+    assert all(out[key] is not data[key] for key in ("x", "y", "edge_index", "edge_attr"))
+    assert len(viewed) == 4 + len(host.tensors())
+
+    def batches(graph):
+        loader = pyg_mgpu.NeighborLoader(graph, [4, 3], input_nodes=torch.arange(60),
+                                         batch_size=16, seed=3)
+        return [(b.n_id, b.e_id, b.edge_index, b.x, b.edge_attr) for b in loader]
+
+    for a, b in zip(batches(data), batches(out)):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def test_pinned_data_refuses_a_graph_on_the_gpu(monkeypatch):
+    from torch_geometric.data import Data
+
+    import pyg_mgpu
+    data = Data(edge_index=torch.tensor([[0, 1], [1, 0]]), num_nodes=2)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with pytest.raises(ValueError, match="needs the graph in host memory"):
+        pyg_mgpu.pinned_data(data, torch.device("cuda", 0))

@@ -13,10 +13,14 @@ address is its host address, which is what the views are made from.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_mgpu.data.csc import CSC, attach_csc, csc_of
 
 REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: every CUDA context sees it pinned
 REGISTER_MAPPED = 2  # cudaHostRegisterMapped: mapped into the device address space
@@ -91,3 +95,43 @@ def pinned_graph_tensors(tensors: dict[str, Tensor], device: torch.device,
     small = small or set()
     return {name: t.to(device) if name in small else device_view(t, device, runtime)
             for name, t in tensors.items()}
+
+
+def pinned_data(data: Data, device: torch.device, runtime: Any = None) -> Data:
+    """``data`` for a GPU rank that samples and gathers from its one host copy in place.
+
+    The graph's CSC is built on the host (once, cached with ``data``; :func:`pyg_mgpu.share_data`
+    and :func:`pyg_mgpu.spawn` build it in the parent), and every tensor of ``data`` and of
+    its CSC is pinned where it lies and replaced by a CUDA view on ``device``: a
+    :class:`pyg_mgpu.NeighborLoader` over the result samples with ``device``'s kernels and
+    gathers feature rows from host memory, with no copy of the graph on the GPU. In ranks
+    that map shared memory, every rank reads the same pinned pages.
+
+    Example:
+        In each rank of :func:`pyg_mgpu.spawn`::
+
+            data = pyg_mgpu.pinned_data(data, ctx.device)
+            loader = pyg_mgpu.NeighborLoader(data, [15, 10, 5], input_nodes=train_idx,
+                                             batch_size=1024, distributed=True)
+    """
+    csc = csc_of(data)
+    if any(t.is_cuda for t in csc.tensors()):
+        raise ValueError("pinned_data needs the graph in host memory; its edge_index is on "
+                         f"{csc.colptr.device} (use data.cpu(), or leave the graph on the GPU "
+                         "and use it as it is).")
+    views: dict = {}
+
+    def view(tensor: Tensor) -> Tensor:
+        if id(tensor) not in views:
+            views[id(tensor)] = device_view(tensor.contiguous(), device, runtime)
+        return views[id(tensor)]
+
+    out = copy.copy(data)
+    for store in out.stores:
+        for key, value in list(store.items()):
+            if isinstance(value, Tensor):
+                store[key] = view(value)
+    edge_index = out.get("edge_index")
+    return attach_csc(out, CSC(view(csc.colptr), view(csc.row),
+                               None if csc.perm is None else view(csc.perm),
+                               edge_index=edge_index))
