@@ -26,6 +26,23 @@ def test_gathers_exactly_the_requested_rows(graph, max_rows, dtype):
     assert cache.gather(torch.empty(0, dtype=torch.long)).shape == (0, 6)
 
 
+@pytest.mark.parametrize("max_rows", [0, 1, 500, 2000])
+def test_gathers_in_place_from_a_view_of_host_memory(graph, max_rows):
+    # --graph-on host: the features and the batch's ids are (views) on the device, the misses
+    # read by the gather itself. The same code on CPU tensors, counted along the GPU's path.
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    from pyg_mgpu.tools.step_costs import STAGES, OpCounter
+    cache = FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), CPU, max_rows)
+    cache.in_place = True
+    n_id = torch.randint(graph.num_nodes, (700,))
+    counter = OpCounter()
+    with counting_gpu_path(), counter:
+        got = cache.gather(n_id)
+    assert torch.equal(got, graph.x[n_id])
+    # at most one wait for the device: the misses' count
+    assert counter.costs[STAGES[0]].syncs <= 1, counter.costs[STAGES[0]].sync_ops
+
+
 def test_fills_the_cache_in_chunks(graph, monkeypatch):
     monkeypatch.setattr("pyg_mgpu.sampling.feature_cache._CHUNK_ROWS", 7)
     cache = FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), CPU, 100)

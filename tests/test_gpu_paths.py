@@ -342,15 +342,18 @@ def test_cli_gpu_variants(tmp_path, flags):
 def test_cli_graph_on_host_trains_as_the_gpu_copy_does(tmp_path):
     # Same sampler on the same GPU, the graph read in place from pinned host memory instead of
     # a GPU copy: the same batches, so the same losses and accuracies.
+    # With the feature cache, hits come from GPU rows and misses from the host: same rows.
     metrics = {}
-    for place in ("gpu", "host"):
-        out = tmp_path / place
-        assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--graph-on", place,
-                            "--out", str(out)]) == 0
-        metrics[place] = json.loads((out / "metrics.json").read_text())
-    for key in ("train_loss", "train_acc", "val_acc"):
-        assert [e[key] for e in metrics["host"]["epochs"]] == \
-            [e[key] for e in metrics["gpu"]["epochs"]], key
+    for name, flags in [("gpu", ["--graph-on", "gpu"]), ("host", ["--graph-on", "host"]),
+                        ("host_cache", ["--graph-on", "host", "--feature-cache-gb", "0.001"])]:
+        out = tmp_path / name
+        assert main(TINY + ["--epochs", "2", "--devices", "cuda:0", "--out", str(out),
+                            *flags]) == 0
+        metrics[name] = json.loads((out / "metrics.json").read_text())
+    for name in ("host", "host_cache"):
+        for key in ("train_loss", "train_acc", "val_acc"):
+            assert [e[key] for e in metrics[name]["epochs"]] == \
+                [e[key] for e in metrics["gpu"]["epochs"]], (name, key)
 
 
 def test_cli_sample_batches_on_the_gpu_trains(tmp_path):

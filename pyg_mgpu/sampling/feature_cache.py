@@ -5,11 +5,15 @@ But samplers keep drawing the same nodes: a node appears in a sample about in pr
 out-degree (how many nodes list it as an in-neighbour). So the rows of the highest out-degree
 nodes are copied to the GPU once, and a batch copies only the rows it misses, gathered into pinned
 memory so the copy is asynchronous (on the prefetch thread's side stream when prefetching).
+With ``--graph-on host`` the features are a CUDA view of pinned host memory: the batch's ids and
+the map are on the GPU, and the misses are read in place by the gather kernel.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from pyg_mgpu.gpu_path import host_ints, positions_of
 
 _NOT_CACHED = -1
 _CHUNK_ROWS = 1 << 16
@@ -37,7 +41,12 @@ class FeatureCache:
         # Host-side map from node to cache row: the batch's node ids are on the host (the
         # sampler runs there), so hits and misses are split before anything is copied.
         self.slot = torch.full((x.size(0),), _NOT_CACHED, dtype=torch.int32)
-        self.slot[hottest] = torch.arange(num_cached, dtype=torch.int32)
+        self.slot[hottest.cpu()] = torch.arange(num_cached, dtype=torch.int32)
+        # Features read in place from pinned host memory (--graph-on host): the sampler runs
+        # on the GPU, so the batch's node ids and the map are there.
+        self.in_place = x.is_cuda
+        if self.in_place:
+            self.slot = self.slot.to(device)
         # Copied in chunks: a host copy of the whole cache on every rank at once could be tens
         # of GB.
         self.rows = torch.empty(num_cached, x.size(1), dtype=x.dtype, device=device)
@@ -58,6 +67,8 @@ class FeatureCache:
         if self.rows is None:
             raise RuntimeError("FeatureCache.gather on a pickled copy (a DataLoader worker?): "
                                "the cache serves batches in the training process only.")
+        if self.in_place:
+            return self._gather_in_place(n_id)
         slot = self.slot.index_select(0, n_id)
         hit = slot >= 0
         hit_pos, miss_pos = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
@@ -71,6 +82,21 @@ class FeatureCache:
         hit_slot = slot.index_select(0, hit_pos).to(**to_device, dtype=torch.long)
         out.index_copy_(0, hit_pos.to(**to_device), self.rows.index_select(0, hit_slot))
         out.index_copy_(0, miss_pos.to(**to_device), missed.to(**to_device))
+        return out
+
+    def _gather_in_place(self, n_id: Tensor) -> Tensor:
+        """``x[n_id]`` for device ``n_id`` with ``x`` a view of pinned host memory: the hits
+        from the GPU rows, the misses read over PCIe by the gather kernel itself (one read of
+        their count, to size them)."""
+        if self.num_cached == 0:
+            return self.x.index_select(0, n_id)
+        slot = self.slot.index_select(0, n_id)
+        out = self.rows.index_select(0, slot.clamp(min=0))
+        miss = slot < 0
+        (num_missed,) = host_ints(miss.sum().view(1))
+        if num_missed:
+            miss_pos = positions_of(miss, num_missed)
+            out.index_copy_(0, miss_pos, self.x.index_select(0, n_id.index_select(0, miss_pos)))
         return out
 
     def __getstate__(self) -> dict:

@@ -74,13 +74,14 @@ def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
 
 
 def make_feature_cache(graph: ConvertedGraph, device: torch.device,
-                       budget_gb: Optional[float]) -> Optional[FeatureCache]:
-    """A GPU cache of the most-sampled feature rows for a rank whose graph stayed on the host.
+                       budget_gb: Optional[float], pinned: bool = False) -> Optional[FeatureCache]:
+    """A GPU cache of the most-sampled feature rows for a rank whose graph stayed on the host
+    (``pinned``: read in place through CUDA views, ``--graph-on host``).
 
     ``budget_gb`` caps its size; None takes up to a quarter of the card's free memory (the rest
     is for activations and the allocator), 0 turns the cache off.
     """
-    if device.type != "cuda" or graph.is_hetero or graph.x.is_cuda or \
+    if device.type != "cuda" or graph.is_hetero or (graph.x.is_cuda and not pinned) or \
             budget_gb == 0:
         return None
     if budget_gb is None:

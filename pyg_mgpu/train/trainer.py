@@ -145,7 +145,8 @@ def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> R
     """Places the graph for this rank and builds its sharded training loader and evaluator."""
     sampler = resolve_sampler(cfg.training.sampler)
     graph = place_graph(graph, ctx.device, cfg.performance.graph_on, sampler, _least_free_gpu_bytes(ctx))
-    feature_cache = make_feature_cache(graph, ctx.device, cfg.performance.feature_cache_gb)
+    feature_cache = make_feature_cache(graph, ctx.device, cfg.performance.feature_cache_gb,
+                                       pinned=cfg.performance.graph_on == "host")
     if feature_cache is not None and ctx.is_main:
         tqdm.write(f"graph in host memory; {feature_cache.num_cached:,} hottest feature rows "
                    f"({feature_cache.nbytes() / 2**30:.2f} GiB) cached on the GPU")
