@@ -363,6 +363,23 @@ def test_cli_sample_batches_on_the_gpu_trains(tmp_path):
     assert metrics["test_acc"] > 0.5
 
 
+@pytest.mark.parametrize("options", [{}, {"disjoint": True}, {"subgraph_type": "bidirectional"}])
+def test_walks_on_cuda_number_as_on_the_cpu(options):
+    # Every neighbour drawn: nothing random, so the CUDA walk (new nodes counted one hop late,
+    # sizes read once per hop) must give the CPU's batches exactly, alone and 3 per walk.
+    gen = torch.Generator().manual_seed(0)
+    data = Data(edge_index=torch.randint(300, (2, 2000), generator=gen), num_nodes=300)
+    seeds = [torch.randint(300, (30,), generator=gen) for _ in range(3)]
+    cpu = NeighborSampler(data, [-1, -1, -1], seed=0, **options)
+    cuda = NeighborSampler(data.to(CUDA), [-1, -1, -1], seed=0, **options)
+    for a, b in zip([cpu.sample(s) for s in seeds] + cpu.sample_batches(seeds),
+                    [cuda.sample(s) for s in seeds] + cuda.sample_batches(seeds)):
+        for field in ("node", "row", "col", "edge"):
+            assert torch.equal(getattr(a, field), getattr(b, field).cpu()), field
+        assert a.num_sampled_nodes == b.num_sampled_nodes
+        assert a.num_sampled_edges == b.num_sampled_edges
+
+
 def test_loader_over_pinned_data_draws_the_gpu_copys_batches():
     import pyg_mgpu
     gen = torch.Generator().manual_seed(0)
