@@ -157,3 +157,11 @@ def test_pinned_data_refuses_a_graph_on_the_gpu(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     with pytest.raises(ValueError, match="needs the graph in host memory"):
         pyg_mgpu.pinned_data(data, torch.device("cuda", 0))
+
+
+def test_a_copy_instead_of_a_view_is_refused(monkeypatch):
+    monkeypatch.setattr(pinned.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(pinned.torch, "as_tensor", lambda mapped, device=None:
+                        read_back(mapped).clone())  # what torch does when it copies
+    with pytest.raises(pinned.HostRegistrationError, match="not seen in place"):
+        pinned.device_view(torch.randn(8), torch.device("cuda", 0), FakeRuntime())

@@ -82,9 +82,14 @@ def device_view(tensor: Tensor, device: torch.device, runtime: Any = None) -> Te
                          f"{tensor.device} (contiguous: {tensor.is_contiguous()}).")
     carried = tensor if tensor.dtype in _TYPESTR else \
         tensor.view(_CARRIER[tensor.element_size()])
-    register_host_memory(carried, runtime)
-    with torch.cuda.device(device):
+    with torch.cuda.device(device):  # registered, and then seen, from this rank's GPU
+        register_host_memory(carried, runtime)
         view = torch.as_tensor(_Mapped(carried), device=device)
+    if carried.numel() and view.data_ptr() != carried.data_ptr():
+        # torch placed the pointer on another device and copied it here: not a view.
+        raise HostRegistrationError(
+            f"the pinned host memory was not seen in place from {device} (torch made a copy); "
+            "this platform may lack unified addressing. Use --graph-on cpu or gpu instead.")
     return view if view.dtype == tensor.dtype else view.view(tensor.dtype)
 
 
