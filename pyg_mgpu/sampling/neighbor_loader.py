@@ -20,12 +20,12 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
 from torch_geometric.loader.utils import get_input_nodes
-from torch_geometric.sampler.base import SubgraphType
 from torch.utils.data import DataLoader
 
 from pyg_mgpu.data.csc import drop_cached_csc
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
+from pyg_mgpu.sampling.walk_batches import Batches, WalkBatches, check_sample_batches
 
 
 class EpochBatchSampler:
@@ -159,8 +159,10 @@ class NeighborLoader(PyGNeighborLoader):
         if neighbor_sampler is None:
             neighbor_sampler = rank_sampler(data, num_neighbors, kwargs, seed=seed, rank=rank,
                                             **sampler_options(locals()))
-        self.sample_batches = check_sample_batches(sample_batches, self.epoch_sampler,
+        self.sample_batches = check_sample_batches(sample_batches, self.epoch_sampler is not None,
                                                    neighbor_sampler)
+        if self.epoch_sampler is not None:
+            self.epoch_sampler.batches_per_walk = self.sample_batches
         self._walks: Optional[WalkBatches] = None
         super().__init__(data, num_neighbors, input_nodes=input_nodes, input_time=input_time,
                          time_attr=time_attr, transform=transform,
@@ -171,7 +173,7 @@ class NeighborLoader(PyGNeighborLoader):
             # DataLoader fetches each item of a batch-sampler entry from its dataset, PyG's
             # range(num_inputs); a walk's entry holds whole batches, handed to collate_fn as
             # they are. (DataLoader refuses a new dataset once built, hence object's setattr.)
-            object.__setattr__(self, "dataset", _Batches(len(self.dataset)))
+            object.__setattr__(self, "dataset", Batches(len(self.dataset)))
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Selects the epoch's permutation (``distributed=True``; otherwise does nothing).
@@ -221,81 +223,6 @@ class NeighborLoader(PyGNeighborLoader):
         if self._walks is not None and self._walks.pending:
             return self._walks.state_before
         return generator.get_state()
-
-
-class _Batches:
-    """The dataset of a loader whose batch sampler yields lists of batches: item = batch."""
-
-    def __init__(self, num_inputs: int):
-        self.num_inputs = num_inputs
-
-    def __len__(self) -> int:
-        return self.num_inputs
-
-    def __getitem__(self, batch: list) -> list:
-        return batch
-
-
-class WalkBatches:
-    """Hands out the batches of each walk one by one: ``walks`` yields lists of sampler
-    outputs (or finished batches), ``filter_fn`` makes each a batch where the loader's workers
-    did not; the first ``skip`` batches of the first walk are dropped (an epoch resumed
-    mid-walk). With ``generator`` (the sampler's, in this process), :attr:`state_before` is its
-    state from before the walk that is being handed out."""
-
-    def __init__(self, walks, filter_fn: Optional[Callable], *, skip: int,
-                 generator: Optional[torch.Generator]):
-        self.walks, self.filter_fn = walks, filter_fn
-        self.skip, self.generator = skip, generator
-        self.buffer: list = []
-        self.state_before: Optional[Tensor] = None
-
-    @property
-    def pending(self) -> bool:
-        """Whether batches of the current walk are still to be handed out."""
-        return bool(self.buffer)
-
-    def __iter__(self) -> "WalkBatches":
-        return self
-
-    def __next__(self):
-        while not self.buffer:
-            if self.generator is not None:
-                self.state_before = self.generator.get_state()
-            self.buffer = list(next(self.walks))[self.skip:]
-            self.skip = 0
-            self.buffer.reverse()  # handed out from the end
-        out = self.buffer.pop()
-        return out if self.filter_fn is None else self.filter_fn(out)
-
-    def __len__(self) -> int:
-        return len(self.walks)
-
-    def _reset(self, loader, first_iter: bool = False) -> None:  # persistent workers
-        self.walks._reset(loader, first_iter)
-        self.buffer = []
-        self.skip = loader.epoch_sampler.skip
-
-
-def check_sample_batches(sample_batches: int, epoch_sampler: Optional[EpochBatchSampler],
-                         sampler) -> int:
-    """``sample_batches`` if the loader can walk that many batches at once, else an error that
-    says why; sets the epoch sampler's walk length."""
-    if not isinstance(sample_batches, int) or sample_batches < 1:
-        raise ValueError(f"sample_batches={sample_batches!r} must be a positive whole number "
-                         "of batches per walk (1: one batch per walk).")
-    if sample_batches == 1:
-        return 1
-    if epoch_sampler is None:
-        raise ValueError(f"sample_batches={sample_batches} needs distributed=True (its epochs "
-                         "are what batches are grouped into walks by).")
-    if not isinstance(sampler, NeighborSampler) or sampler.is_hetero or sampler.is_temporal \
-            or sampler.subgraph_type == SubgraphType.induced:
-        raise ValueError(f"sample_batches={sample_batches} walks pyg_mgpu's NeighborSampler over "
-                         "a homogeneous graph, without time_attr or subgraph_type='induced'; "
-                         "use sample_batches=1 here.")
-    epoch_sampler.batches_per_walk = sample_batches
-    return sample_batches
 
 
 def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
