@@ -210,3 +210,15 @@ def test_gpu_path_reads_sizes_once_per_hop_and_once_at_the_end():
     sampling = counter.costs[STAGES[0]]
     assert sampling.syncs == 3 + 1, sampling.sync_ops  # 3 hops, and the last hop's new nodes
     assert set(sampling.sync_ops) == {"host read"}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sample-batches", "4", "--sampler", "pyg"], "--sample-batches 4 walks the native"),
+    (["--sample-batches", "4", "--dataset", "synthetic-hetero"],
+     "--sample-batches is for homogeneous datasets"),
+    (["--sample-batches", "0"], "--sample-batches must be a positive number"),
+])
+def test_cli_refuses_walks_it_cannot_take(capfd, flags, message):
+    from pyg_mgpu.distributed_sampling import main
+    assert main(flags) == 2
+    assert message in capfd.readouterr().err

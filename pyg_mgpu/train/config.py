@@ -331,6 +331,10 @@ class TrainConfig:
             raise ConfigError(f"--graph-on {self.performance.graph_on} needs --sampler native: "
                               "PyG's sampler (pyg-lib, torch-sparse) samples on the CPU from the "
                               "host copy of the graph.")
+        if (self.performance.sample_batches or 1) > 1 and self.training.sampler == "pyg":
+            raise ConfigError(f"--sample-batches {self.performance.sample_batches} walks the "
+                              "native sampler; PyG's samples one batch at a time. Drop it, or "
+                              "use --sampler native.")
         if self.performance.graph_on == "host" and self.data.features_on == "mmap":
             raise ConfigError("--graph-on host pins the shared copy in memory; --features-on "
                               "mmap leaves the features in a file. Use one of them.")
@@ -353,6 +357,7 @@ class TrainConfig:
                    "--sampler pyg": self.training.sampler == "pyg",
                    "--graph-on gpu": self.performance.graph_on == "gpu",
                    "--graph-on host": self.performance.graph_on == "host",
+                   "--sample-batches": (self.performance.sample_batches or 1) > 1,
                    "--compile": self.performance.compile,
                    "--features-on mmap": self.data.features_on == "mmap"}
         for flag, given in refused.items():
