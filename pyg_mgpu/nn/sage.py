@@ -108,43 +108,65 @@ class _MeanAggregate(torch.autograd.Function):
     fp32 and 11.8 -> 3.7 ms in bf16; layer 2's forward plus backward (17k edges, 256 features)
     6.4 -> 5.3 ms in fp32 and 5.1 -> 4.2 ms in bf16, where embedding_bag's own backward took
     6.6 and 5.7 ms.
+
+    ``dst`` (each edge's destination) and ``weight`` (``1 / deg`` of it, in the gradient's
+    type) may come from the caller, which computes them once for every layer of a batch: the
+    backward then only regroups the edges.
     """
 
     @staticmethod
-    def forward(ctx, x_src: Tensor, ptr: Tensor, src: Tensor) -> Tensor:
-        ctx.save_for_backward(ptr, src)
+    def forward(ctx, x_src: Tensor, ptr: Tensor, src: Tensor, dst: Optional[Tensor],
+                weight: Optional[Tensor]) -> Tensor:
+        ctx.save_for_backward(ptr, src, dst, weight)
         ctx.num_src = x_src.size(0)
         return F.embedding_bag(src, x_src, ptr[:-1], mode="mean")
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        ptr, src = ctx.saved_tensors
-        degree = ptr.diff()
-        dst = torch.repeat_interleave(torch.arange(degree.numel(), device=src.device), degree,
-                                      output_size=src.numel())
+        ptr, src, dst, weight = ctx.saved_tensors
+        if dst is None or weight is None:
+            dst, weight = edge_destinations(ptr, src.numel()), None
+        if weight is None:
+            weight = inverse_degree(ptr, grad.dtype).index_select(0, dst)
         by_source = torch.argsort(src, stable=True)
-        sorted_src = src[by_source]
+        sorted_src = src.index_select(0, by_source)
         src_ptr = torch.searchsorted(sorted_src, torch.arange(ctx.num_src + 1,
                                                               device=src.device))
-        dst = dst[by_source]
-        weights = (1.0 / degree.clamp(min=1).to(grad.dtype))[dst]
-        grad_src = F.embedding_bag(dst, grad, src_ptr[:-1], mode="sum",
-                                   per_sample_weights=weights)
-        return grad_src, None, None
+        grad_src = F.embedding_bag(dst.index_select(0, by_source), grad, src_ptr[:-1],
+                                   mode="sum",
+                                   per_sample_weights=weight.index_select(0, by_source))
+        return grad_src, None, None, None, None
+
+
+def edge_destinations(ptr: Tensor, num_edges: int) -> Tensor:
+    """Each edge's destination, for CSR pointers ``ptr``."""
+    degree = ptr.diff()
+    return torch.repeat_interleave(torch.arange(degree.numel(), device=ptr.device), degree,
+                                   output_size=num_edges)
+
+
+def inverse_degree(ptr: Tensor, dtype: torch.dtype) -> Tensor:
+    """``1 / deg`` of each destination of CSR pointers ``ptr`` (1 where it has no edge)."""
+    return 1.0 / ptr.diff().clamp(min=1).to(dtype)
 
 
 # Runs eagerly under torch.compile: on CUDA, inductor's code for this function's graph (its
 # argsort moved into the forward) raised a device-side assert (H100, torch 2.11, 2026-11-25);
 # its kernels are library calls (embedding_bag, sort, searchsorted) that compiling cannot fuse.
 @torch.compiler.disable
-def mean_aggregate(x_src: Tensor, ptr: Tensor, src: Tensor) -> Tensor:
-    """Row ``i``: the mean of ``x_src[src[ptr[i]:ptr[i + 1]]]`` (zeros where that is empty)."""
-    return _MeanAggregate.apply(x_src, ptr, src)
+def mean_aggregate(x_src: Tensor, ptr: Tensor, src: Tensor, dst: Optional[Tensor] = None,
+                   weight: Optional[Tensor] = None) -> Tensor:
+    """Row ``i``: the mean of ``x_src[src[ptr[i]:ptr[i + 1]]]`` (zeros where that is empty).
+    ``dst``, ``weight``: each edge's destination and ``1 / deg`` of it in the gradient's type,
+    if the caller has them (found otherwise)."""
+    return _MeanAggregate.apply(x_src, ptr, src, dst, weight)
 
 
-def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, ptr: Tensor, src: Tensor) -> Tensor:
+def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, ptr: Tensor, src: Tensor,
+               dst: Optional[Tensor] = None, weight: Optional[Tensor] = None) -> Tensor:
     """PyG's ``SAGEConv(aggr="mean")`` forward with its own parameters, for destination ``i``
-    fed by the sources ``src[ptr[i]:ptr[i + 1]]`` (CSR pointers over ``x_dst``'s rows).
+    fed by the sources ``src[ptr[i]:ptr[i + 1]]`` (CSR pointers over ``x_dst``'s rows);
+    ``dst``, ``weight`` as :func:`mean_aggregate` takes them.
 
     Only for the defaults :class:`GraphSAGE` builds (no ``normalize``, ``project`` or
     ``root_weight=False``); the result equals ``conv((x_src, x_dst), edge_index)`` (tested).
@@ -152,7 +174,7 @@ def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, ptr: Tensor, src: T
     ``lin_l(mean of neighbours) + lin_r(x_dst)`` as one matmul plus one accumulating matmul:
     PyG's version also allocates and adds the two products (a full extra pass over the layer).
     """
-    agg = mean_aggregate(x_src, ptr, src)
+    agg = mean_aggregate(x_src, ptr, src, dst, weight)
     out = F.linear(agg, conv.lin_l.weight, conv.lin_l.bias)
     # In-place matmul is outside autocast: cast its operands to the output's dtype by hand.
     return out.addmm_(x_dst.to(out.dtype), conv.lin_r.weight.t().to(out.dtype))
@@ -206,6 +228,16 @@ class GraphSAGE(nn.Module):
             edges_upto = list(itertools.accumulate(int(n) for n in num_sampled_edges_per_hop))
             if self.sparse_aggregation:
                 dst_ptr = _dst_pointers(edge_index[1], nodes_upto[-2])
+                # Every layer's edges are a prefix of the batch's, and a destination's edges
+                # all lie in the prefix of each layer it is in: one 1/deg per edge serves all
+                # layers' backward passes (per gradient type, made when first needed).
+                edge_weights: dict = {}
+
+                def edge_weight(dtype: torch.dtype) -> Tensor:
+                    if dtype not in edge_weights:
+                        edge_weights[dtype] = inverse_degree(dst_ptr, dtype).index_select(
+                            0, edge_index[1])
+                    return edge_weights[dtype]
         for i, conv in enumerate(self.convs):
             if trim:
                 hops_left = self.num_layers - i  # hops of input this layer still consumes
@@ -213,7 +245,8 @@ class GraphSAGE(nn.Module):
                 num_edges = edges_upto[hops_left - 1]
                 if self.sparse_aggregation:
                     x = sage_layer(conv, x, x[:num_dst], dst_ptr[:num_dst + 1],
-                                   edge_index[0, :num_edges])
+                                   edge_index[0, :num_edges], edge_index[1, :num_edges],
+                                   edge_weight(x.dtype)[:num_edges])
                 else:
                     x = conv((x, x[:num_dst]), edge_index[:, :num_edges],
                              size=(x.size(0), num_dst))
