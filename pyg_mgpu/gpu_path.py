@@ -61,3 +61,14 @@ def positions_of(mask: Tensor, count: int) -> Tensor:
         return mask.nonzero().squeeze(1)
     running = torch.cumsum(mask, 0)
     return torch.searchsorted(running, torch.arange(1, count + 1, device=mask.device))
+
+
+def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> Tensor:
+    """``values`` (host ints, or a tensor) as ``dtype`` on ``device``, without making the host
+    wait: a copy from pageable host memory to a GPU waits for the work queued on its stream,
+    so a host tensor bound for a GPU goes through pinned memory, asynchronously."""
+    tensor = values if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
+    tensor = tensor.to(dtype)
+    if torch.device(device).type != "cuda" or tensor.is_cuda:
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

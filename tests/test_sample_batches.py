@@ -210,6 +210,13 @@ def test_gpu_path_reads_sizes_once_per_hop_and_once_at_the_end():
     sampling = counter.costs[STAGES[0]]
     assert sampling.syncs == 3 + 1, sampling.sync_ops  # 3 hops, and the last hop's new nodes
     assert set(sampling.sync_ops) == {"host read"}
+    # Four batches in one walk: every batch's counts come with the walk's last read.
+    counter = OpCounter()
+    with counting_gpu_path(), counter:
+        sampler.sample_batches([torch.arange(50), torch.arange(20, 90), torch.arange(5),
+                                torch.arange(100, 160)])
+    sampling = counter.costs[STAGES[0]]
+    assert sampling.syncs == 3 + 1, sampling.sync_ops
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import SamplerOutput
 
-from pyg_mgpu.gpu_path import host_ints, takes_gpu_path
+from pyg_mgpu.gpu_path import host_ints, takes_gpu_path, to_device
 
 
 def _counts(key: Tensor, size: int) -> Tensor:
@@ -31,10 +31,39 @@ def _counts(key: Tensor, size: int) -> Tensor:
         0, key, torch.ones_like(key))
 
 
+class BatchCounts:
+    """Every batch's per-hop node and edge counts of a joint walk over several batches, read
+    with the walk's last read (``walk(..., last_read=)``) instead of after it: the walk's
+    last hop's new nodes are then still marked in place (``pending``), and counted by batch
+    here. :attr:`values` holds the counts once read, as :func:`split_batches` takes them."""
+
+    def __init__(self, num_batches: int, num_hops: int):
+        self.num_batches, self.num_hops = num_batches, num_hops
+        self.values: Optional[list[int]] = None
+
+    def request(self, trees: dict, pending: dict, cols: dict, num_sampled_nodes: dict,
+                num_sampled_edges: dict) -> Tensor:
+        (tree,), (col,) = trees.values(), cols.values()  # one node type, one edge type
+        (_, last_tree, first), = pending.values()
+        (settled,), (edge_sizes,) = num_sampled_nodes.values(), num_sampled_edges.values()
+        levels, device = self.num_hops + 1, tree.device
+        level = torch.repeat_interleave(torch.arange(len(settled), device=device),
+                                        to_device(settled, device),
+                                        output_size=tree.numel())
+        node_counts = _counts(tree * levels + level, self.num_batches * levels)
+        node_counts.index_add_(0, last_tree * levels + (levels - 1), first.long())
+        edge_hop = torch.repeat_interleave(torch.arange(self.num_hops, device=device),
+                                           to_device(edge_sizes, device),
+                                           output_size=col.numel())
+        edge_key = tree.index_select(0, col) * self.num_hops + edge_hop
+        return torch.cat([node_counts, _counts(edge_key, self.num_batches * self.num_hops)])
+
+
 def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Tensor,
                   num_sampled_nodes: list[int], num_sampled_edges: list[int],
                   tree_batch: Tensor, num_batches: int,
-                  tree_offset: Optional[Tensor] = None) -> list[SamplerOutput]:
+                  tree_offset: Optional[Tensor] = None,
+                  counts: Optional[list[int]] = None) -> list[SamplerOutput]:
     """One ``SamplerOutput`` per batch from a walk over all of them.
 
     Args:
@@ -44,37 +73,36 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
         tree_batch: The batch of each tree.
         tree_offset: For disjoint batches, each batch's first tree: a batch's own ``batch``
             output numbers its trees from 0. None: a batch is one tree (joint sampling).
+        counts: Every batch's per-hop node counts, then edge counts, if already read
+            (:class:`BatchCounts`); else counted and read here.
     """
     device = node.device
     num_hops = len(num_sampled_edges)
     levels = num_hops + 1
     node_hop = torch.repeat_interleave(
         torch.arange(levels, device=device),
-        torch.tensor(num_sampled_nodes, device=device), output_size=node.numel())
+        to_device(num_sampled_nodes, device), output_size=node.numel())
     node_batch = tree_batch.index_select(0, tree)
     node_key = node_batch * levels + node_hop
     # Stable: within a batch and a hop the walk's order (first appearance) is kept.
     order = torch.sort(node_key, stable=True).indices
-    node_counts = _counts(node_key, num_batches * levels)
-    per_batch = node_counts.view(num_batches, levels).sum(1)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=device)
-    local = rank - (torch.cumsum(per_batch, 0) - per_batch).index_select(0, node_batch)
-
     edge_hop = torch.repeat_interleave(
         torch.arange(num_hops, device=device),
-        torch.tensor(num_sampled_edges, device=device), output_size=edge.numel())
+        to_device(num_sampled_edges, device), output_size=edge.numel())
     edge_key = node_batch.index_select(0, col) * num_hops + edge_hop
     edge_order = torch.sort(edge_key, stable=True).indices
-    edge_counts = _counts(edge_key, num_batches * num_hops)
-
-    # Every batch's per-hop counts, in one read.
-    counts = host_ints(torch.cat([node_counts, edge_counts]))
+    if counts is None:  # every batch's per-hop counts, in one read
+        counts = host_ints(torch.cat([_counts(node_key, num_batches * levels),
+                                      _counts(edge_key, num_batches * num_hops)]))
     node_counts = [counts[b * levels:(b + 1) * levels] for b in range(num_batches)]
     edge_counts = counts[num_batches * levels:]
     edge_counts = [edge_counts[b * num_hops:(b + 1) * num_hops] for b in range(num_batches)]
     node_sizes = [sum(c) for c in node_counts]
     edge_sizes = [sum(c) for c in edge_counts]
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=device)
+    first_of_batch = [sum(node_sizes[:b]) for b in range(num_batches)]
+    local = rank - to_device(first_of_batch, device).index_select(0, node_batch)
     parts = {
         "node": node.index_select(0, order).split(node_sizes),
         "row": local.index_select(0, row.index_select(0, edge_order)).split(edge_sizes),

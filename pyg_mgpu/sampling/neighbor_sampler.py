@@ -35,8 +35,9 @@ from torch_geometric.sampler import (EdgeSamplerInput, HeteroSamplerOutput, Nega
                                      NodeSamplerInput, SamplerOutput)
 from torch_geometric.sampler.base import DataType, SubgraphType
 
+from pyg_mgpu.gpu_path import to_device
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
-from pyg_mgpu.sampling.batches import split_batches
+from pyg_mgpu.sampling.batches import BatchCounts, split_batches
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
 from pyg_mgpu.sampling.walk import walk
 
@@ -234,7 +235,7 @@ class NeighborSampler(PyGNeighborSampler):
                              "time_attr (the node or edge timestamps) for temporal sampling.")
         self._reseed_in_worker()
         if not self.is_hetero:
-            seed = seed.to(device=self.device, dtype=torch.long)
+            seed = to_device(seed, self.device)
             tree_time = (temporal.seed_times(seed, seed_time, self.node_time)
                          if self.is_temporal else None)
             out = self._walk({NODE: seed}, {EDGE: self.fanouts}, tree_time)
@@ -243,7 +244,7 @@ class NeighborSampler(PyGNeighborSampler):
         if unknown:
             raise ValueError(f"seeds of node type(s) {unknown}, which the graph does not have; "
                              f"its node types are {self.node_types}.")
-        seed = {t: s.to(self.device, torch.long) for t, s in seed.items()}
+        seed = {t: to_device(s, self.device) for t, s in seed.items()}
         tree_time = self._tree_times(seed, seed_time) if self.is_temporal else None
         return self._walk(seed, self.fanouts, tree_time)
 
@@ -262,24 +263,27 @@ class NeighborSampler(PyGNeighborSampler):
                                       "each batch instead.")
         start = time.perf_counter()
         self._reseed_in_worker()
-        seeds = [s.to(device=self.device, dtype=torch.long) for s in seeds]
-        sizes = torch.tensor([s.numel() for s in seeds], device=self.device)
+        seeds = [to_device(s, self.device) for s in seeds]
+        sizes = to_device([s.numel() for s in seeds], self.device)
         seed = torch.cat(seeds) if seeds else torch.empty(0, dtype=torch.long,
                                                           device=self.device)
         seed_batch = torch.repeat_interleave(torch.arange(len(seeds), device=self.device),
                                              sizes, output_size=seed.numel())
         # Joint batches: each numbered apart. Disjoint ones: a tree per seed, as alone.
+        # Joint batches: their counts read with the walk's last read, on the GPU's path.
+        counts = None if self.disjoint else BatchCounts(len(seeds), len(self.fanouts))
         out = walk(self.graph, {NODE: seed}, {EDGE: self.fanouts}, replace=self.replace,
                    generator=self.generator, disjoint=self.disjoint,
                    seed_batch=None if self.disjoint else {NODE: seed_batch},
-                   num_batches=len(seeds))
+                   num_batches=len(seeds), last_read=counts)
         batches = split_batches(
             out.node[NODE], out.batch[NODE], out.row[EDGE], out.col[EDGE], out.edge[EDGE],
             out.num_sampled_nodes[NODE], out.num_sampled_edges[EDGE],
             tree_batch=seed_batch if self.disjoint else torch.arange(len(seeds),
                                                                       device=self.device),
             num_batches=len(seeds),
-            tree_offset=torch.cumsum(sizes, 0) - sizes if self.disjoint else None)
+            tree_offset=torch.cumsum(sizes, 0) - sizes if self.disjoint else None,
+            counts=None if counts is None else counts.values)
         batches = [self._in_index_dtype(batch) for batch in batches]
         if self.subgraph_type == SubgraphType.bidirectional:
             batches = [batch.to_bidirectional(keep_orig_edges=self.keep_orig_edges)

@@ -34,7 +34,8 @@ from pyg_mgpu.sampling.sampling_graph import SamplingGraph
 def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
          generator: torch.Generator, disjoint: bool = False, induced: bool = False,
          tree_time: Optional[Tensor] = None, strategy: str = "uniform",
-         seed_batch: Optional[dict] = None, num_batches: int = 1) -> HeteroSamplerOutput:
+         seed_batch: Optional[dict] = None, num_batches: int = 1,
+         last_read=None) -> HeteroSamplerOutput:
     """The batch around ``seed`` (int64 node ids per type, on the graph's device).
 
     Args:
@@ -45,6 +46,10 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
             is (:mod:`.batches` splits it).
         tree_time: The time bounding each tree (temporal sampling; implies ``disjoint``).
         strategy: Temporal: ``"uniform"`` among the eligible edges, or ``"last"``.
+        last_read: On the GPU's path, sizes the caller wants read with the walk's last read
+            (``request(trees, pending, cols, num_sampled_nodes, num_sampled_edges)`` gives
+            them as a tensor, before the last hop's new nodes are counted; their values land
+            in its ``values``): :class:`~.batches.BatchCounts`.
 
     Returns:
         PyG's ``HeteroSamplerOutput`` keyed by the graph's own edge types: ``row`` int64.
@@ -163,8 +168,15 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
             elif not pending:  # no type drew a neighbour
                 settle([])
         if pending:  # the last hop's new nodes: the walk's last read
-            settle(host_ints(torch.cat([first.sum().view(1)
-                                        for _, _, first in pending.values()])))
+            counts = [first.sum().view(1) for _, _, first in pending.values()]
+            extra = [] if last_read is None else [last_read.request(
+                {t: cat(trees[t]) for t in node_types}, dict(pending),
+                {et: cat(cols[et]) for et in edge_types}, num_sampled_nodes,
+                num_sampled_edges)]
+            values = host_ints(torch.cat(counts + extra))
+            if last_read is not None:
+                last_read.values = values[len(counts):]
+            settle(values[:len(counts)])
         node = {t: cat(nodes[t]) for t in node_types}
         if induced:  # every edge among the sampled nodes; no per-hop counts (as PyG's)
             for et in edge_types:
