@@ -158,28 +158,6 @@ def test_nohup_keeps_the_job_through_a_hangup(tmp_path):
         job.wait()
 
 
-def test_step_checkpoint_after_a_crash_resumes_mid_epoch_exactly(tmp_path, uninterrupted):
-    run, log = tmp_path / "run", tmp_path / "log.txt"
-    job = start(CLI + ARGS + ["--out", str(run), "--checkpoint-every-steps", "5"], log)
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # a step checkpoint early in epoch 2, then the whole job dies at once
-            ckpt = read_checkpoint(run)
-            if ckpt and ckpt["step"] and ckpt["step"]["epoch"] == 2:
-                break
-            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.02)
-        kill_group(job.pid)  # a crash or a reclaimed machine: no handler runs
-        job.wait()
-    finally:
-        kill_group(job.pid)
-    step = read_checkpoint(run)["step"]
-    assert step is not None and 0 < step["done"] < 79, "the last checkpoint is inside an epoch"
-    assert len(step["totals"]) == 2 and all(t[2] > 0 for t in step["totals"])
-    assert main(ARGS + ["--resume", str(run)]) == 0
-    assert_same_run(run, uninterrupted)
-
-
 def crash_after_step_checkpoint(cmd: list, run: Path, log: Path, epoch: int,
                                 mid_walk_of: int = 1) -> dict:
     """Runs ``cmd`` until it writes a step checkpoint inside ``epoch`` (at a step that is not
@@ -200,6 +178,18 @@ def crash_after_step_checkpoint(cmd: list, run: Path, log: Path, epoch: int,
     finally:
         kill_group(job.pid)
     return read_checkpoint(run)["step"]
+
+
+def test_step_checkpoint_after_a_crash_resumes_mid_epoch_exactly(tmp_path, uninterrupted):
+    # A step checkpoint early in epoch 2, then the whole job dies at once.
+    run = tmp_path / "run"
+    step = crash_after_step_checkpoint(
+        CLI + ARGS + ["--out", str(run), "--checkpoint-every-steps", "5"], run,
+        tmp_path / "log.txt", epoch=2)
+    assert step is not None and 0 < step["done"] < 79, "the last checkpoint is inside an epoch"
+    assert len(step["totals"]) == 2 and all(t[2] > 0 for t in step["totals"])
+    assert main(ARGS + ["--resume", str(run)]) == 0
+    assert_same_run(run, uninterrupted)
 
 
 def test_resume_inside_a_walk_of_several_batches_is_exact(tmp_path):

@@ -31,6 +31,12 @@ def _counts(key: Tensor, size: int) -> Tensor:
         0, key, torch.ones_like(key))
 
 
+def _hop_of(sizes: list[int], total: int, device) -> Tensor:
+    """Each position's hop, for positions laid out hop by hop in runs of ``sizes``."""
+    return torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                   to_device(sizes, device), output_size=total)
+
+
 class BatchCounts:
     """Every batch's per-hop node and edge counts of a joint walk over several batches, read
     with the walk's last read (``walk(..., last_read=)``) instead of after it: the walk's
@@ -47,14 +53,10 @@ class BatchCounts:
         (_, last_tree, first), = pending.values()
         (settled,), (edge_sizes,) = num_sampled_nodes.values(), num_sampled_edges.values()
         levels, device = self.num_hops + 1, tree.device
-        level = torch.repeat_interleave(torch.arange(len(settled), device=device),
-                                        to_device(settled, device),
-                                        output_size=tree.numel())
+        level = _hop_of(settled, tree.numel(), device)
         node_counts = _counts(tree * levels + level, self.num_batches * levels)
         node_counts.index_add_(0, last_tree * levels + (levels - 1), first.long())
-        edge_hop = torch.repeat_interleave(torch.arange(self.num_hops, device=device),
-                                           to_device(edge_sizes, device),
-                                           output_size=col.numel())
+        edge_hop = _hop_of(edge_sizes, col.numel(), device)
         edge_key = tree.index_select(0, col) * self.num_hops + edge_hop
         return torch.cat([node_counts, _counts(edge_key, self.num_batches * self.num_hops)])
 
@@ -79,16 +81,12 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
     device = node.device
     num_hops = len(num_sampled_edges)
     levels = num_hops + 1
-    node_hop = torch.repeat_interleave(
-        torch.arange(levels, device=device),
-        to_device(num_sampled_nodes, device), output_size=node.numel())
+    node_hop = _hop_of(num_sampled_nodes, node.numel(), device)
     node_batch = tree_batch.index_select(0, tree)
     node_key = node_batch * levels + node_hop
     # Stable: within a batch and a hop the walk's order (first appearance) is kept.
     order = torch.sort(node_key, stable=True).indices
-    edge_hop = torch.repeat_interleave(
-        torch.arange(num_hops, device=device),
-        to_device(num_sampled_edges, device), output_size=edge.numel())
+    edge_hop = _hop_of(num_sampled_edges, edge.numel(), device)
     edge_key = node_batch.index_select(0, col) * num_hops + edge_hop
     edge_order = torch.sort(edge_key, stable=True).indices
     if counts is None:  # every batch's per-hop counts, in one read

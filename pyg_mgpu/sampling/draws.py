@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from pyg_mgpu.gpu_path import host_ints, positions_of, takes_gpu_path
+from pyg_mgpu.gpu_path import positions_of, takes_gpu_path
 from pyg_mgpu.sampling.weighted import EdgeWeights, weighted_without_replacement
 
 
@@ -46,8 +46,19 @@ class HopPlan(NamedTuple):
 def plan_hop(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
              runs: Optional[tuple[Tensor, Tensor]] = None,
              active: Optional[Tensor] = None) -> HopPlan:
-    """The draws of one hop (see :func:`hop_edges`); ``active``: the frontier positions that
-    draw, the others keeping nothing (a frontier not yet compacted)."""
+    """The draws of one hop over the in-edges of every node in ``dst``, before any is made;
+    :func:`draw_hop` makes them, given the plan's sizes.
+
+    Args:
+        colptr: ``[N + 1]`` CSC pointers.
+        dst: ``[M]`` int64 frontier nodes.
+        fanout: Edges to draw per node; ``-1`` keeps every in-edge.
+        replace: Draw with replacement.
+        runs: ``(start, end)`` CSC positions per node of ``dst`` to draw from instead of its
+            whole run (temporal sampling: the edges old enough).
+        active: The frontier positions that draw, the others keeping nothing (a frontier not
+            yet compacted).
+    """
     if runs is None:
         start = colptr.index_select(0, dst)  # index_select, not tensor[index]: ~2.5x faster on CPU
         deg = colptr[1:].index_select(0, dst).sub_(start)
@@ -73,8 +84,19 @@ def draw_hop(plan: HopPlan, num_edges: Optional[int], num_drawing: Optional[int]
              dst: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """The draws of ``plan``, given its :attr:`~HopPlan.sizes` as host numbers (``num_edges``
     kept, ``num_drawing`` nodes drawing): no further read from the device. None for both:
-    the ops find them (the CPU's form, where reading them costs nothing). ``dst``: the
-    frontier, for weighted draws' per-node bounds."""
+    the ops find them (the CPU's form, where reading them costs nothing).
+
+    Args:
+        weights: The edge weights from :func:`~pyg_mgpu.sampling.weighted.edge_weights`,
+            for weighted draws.
+        generator: Random generator on the CSC's device.
+        offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
+        dst: The frontier, for weighted draws' per-node bounds.
+
+    Returns:
+        ``(local_dst, edge)``: position of each kept edge's destination in the frontier, and
+        the edge's CSC position, both int64.
+    """
     start, deg, count, fanout = plan.start, plan.deg, plan.count, plan.fanout
     local_dst = torch.repeat_interleave(count, output_size=num_edges)
     first_slot = torch.cumsum(count, 0).sub_(count)
@@ -110,38 +132,6 @@ def draw_hop(plan: HopPlan, num_edges: Optional[int], num_drawing: Optional[int]
         drawn.add_(big_start)
     edge.index_copy_(0, slots.view(-1), drawn.view(-1))
     return local_dst, edge
-
-
-def hop_edges(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
-              weights: Optional[EdgeWeights] = None,
-              generator: Optional[torch.Generator] = None,
-              offset_type: torch.dtype = torch.int64,
-              runs: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor]:
-    """Samples the in-edges of every node in ``dst`` for one hop: :func:`plan_hop`, one read
-    of its sizes, :func:`draw_hop`.
-
-    Args:
-        colptr: ``[N + 1]`` CSC pointers.
-        dst: ``[M]`` int64 frontier nodes.
-        fanout: Edges to draw per node; ``-1`` keeps every in-edge.
-        replace: Draw with replacement.
-        weights: The edge weights from :func:`~pyg_mgpu.sampling.weighted.edge_weights`,
-            for weighted draws.
-        generator: Random generator on ``colptr``'s device.
-        offset_type: Integer type of Floyd's offsets (int32 when every degree fits).
-        runs: ``(start, end)`` CSC positions per node of ``dst`` to draw from instead of its
-            whole run (temporal sampling: the edges old enough).
-
-    Returns:
-        ``(local_dst, edge)``: position of each kept edge's destination in ``dst``, and the
-        edge's CSC position, both int64.
-    """
-    plan = plan_hop(colptr, dst, fanout, replace=replace, runs=runs)
-    num_edges = num_drawing = None
-    if takes_gpu_path(dst):
-        num_edges, num_drawing = host_ints(plan.sizes)
-    return draw_hop(plan, num_edges, num_drawing, replace=replace, weights=weights,
-                    generator=generator, offset_type=offset_type, dst=dst)
 
 
 def _uniform_with_replacement(deg: Tensor, k: int, generator) -> Tensor:

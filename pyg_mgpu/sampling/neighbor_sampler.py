@@ -269,8 +269,8 @@ class NeighborSampler(PyGNeighborSampler):
                                                           device=self.device)
         seed_batch = torch.repeat_interleave(torch.arange(len(seeds), device=self.device),
                                              sizes, output_size=seed.numel())
-        # Joint batches: each numbered apart. Disjoint ones: a tree per seed, as alone.
-        # Joint batches: their counts read with the walk's last read, on the GPU's path.
+        # Joint batches: each numbered apart, their counts read with the walk's last read on
+        # the GPU's path. Disjoint ones: a tree per seed, as alone.
         counts = None if self.disjoint else BatchCounts(len(seeds), len(self.fanouts))
         out = walk(self.graph, {NODE: seed}, {EDGE: self.fanouts}, replace=self.replace,
                    generator=self.generator, disjoint=self.disjoint,

@@ -3,10 +3,9 @@
 PyG's rules (pyg-lib's ``hetero_neighbor_sample``; a homogeneous graph is one node type and one
 edge type): at hop ``i``, for every edge type ``(src, rel, dst)`` in the graph's order, each
 ``dst`` node reached in the previous hop (the seeds, at the first hop) draws
-``fanouts[edge_type][i]`` of its in-edges of that type with
-:func:`~pyg_mgpu.sampling.draws.hop_edges`; the sources not yet in the batch join the ``src``
-nodes, in order of first appearance across the hop's edge types, and are the ``src`` frontier of
-the next hop. The modes are parameters of the same loop:
+``fanouts[edge_type][i]`` of its in-edges of that type (:func:`~.draws.plan_hop`, then
+:func:`~.draws.draw_hop`); the sources not yet in the batch join the ``src`` nodes, in order of
+first appearance across the hop's edge types, and are the ``src`` frontier of the next hop. The modes are parameters of the same loop:
 
 - joint or disjoint trees: the numbering (:mod:`~pyg_mgpu.sampling.numbering`);
 - temporal: each tree's time bounds the edges its nodes may draw
@@ -89,14 +88,15 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
 
     def settle(counts: list) -> None:
         """The pending hop's new nodes, now that their counts are on the host."""
-        for t, n in zip(pending, counts):
+        new_per_type = dict(zip(pending, counts))
+        for t, n in new_per_type.items():
             nbr, tree, first = pending[t]
             picked = positions_of(first, n)
             nodes[t].append(nbr.index_select(0, picked))
             trees[t].append(None if tree is None else tree.index_select(0, picked))
             ids.count[t] += n
         for t in node_types:
-            num_sampled_nodes[t].append(dict(zip(pending, counts)).get(t, 0))
+            num_sampled_nodes[t].append(new_per_type.get(t, 0))
         pending.clear()
 
     try:

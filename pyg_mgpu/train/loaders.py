@@ -127,22 +127,20 @@ def _leave_stops_to_the_rank(worker_id: int) -> None:
 
 
 # Batches per walk on a GPU rank that samples on the GPU: a walk's launches and host reads are
-# shared by 8 batches (237 -> about 37 kernel ops and 9 -> 1.4 host syncs per batch at fanout
-# 15,10,5, batch 1024: docs/benchmarks.md); on CPUs longer walks measured slower per batch.
+# shared by 8 batches (262 -> about 41 sampler kernel ops and 4 -> 0.5 host reads per batch at
+# fanout 15,10,5, batch 1024: docs/benchmarks.md); on CPUs longer walks measured slower per
+# batch.
 GPU_BATCHES_PER_WALK = 8
 
 
 def batches_per_walk(requested: Optional[int], graph: TrainingGraph, sampler: str) -> int:
-    """``--sample-batches``, or its default for this rank's graph; refuses what the walk of
-    several batches does not sample."""
-    if requested is None:
-        on_gpu = not graph.is_hetero and graph.x.is_cuda and sampler == "native"
-        return GPU_BATCHES_PER_WALK if on_gpu else 1
-    if requested > 1 and (graph.is_hetero or sampler != "native"):
-        raise ValueError(f"--sample-batches {requested} walks the native sampler over a "
-                         "homogeneous graph; drop it (or use 1) with a heterogeneous dataset "
-                         "or --sampler pyg.")
-    return requested
+    """``--sample-batches``, or its default for this rank's graph. (TrainConfig refuses more
+    than one with PyG's sampler or a heterogeneous dataset, and the loader whatever it cannot
+    walk.)"""
+    if requested is not None:
+        return requested
+    on_gpu = not graph.is_hetero and graph.x.is_cuda and sampler == "native"
+    return GPU_BATCHES_PER_WALK if on_gpu else 1
 
 
 def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
@@ -172,7 +170,8 @@ def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
         data, list(fanout), input_nodes=nodes, batch_size=batch_size,
         neighbor_sampler=_pyg_sampler(graph, fanout) if sampler == "pyg" else None,
         distributed=distributed, rank=rank, world_size=world_size, seed=seed,
-        sample_batches=sample_batches, shuffle=distributed, num_workers=num_workers, persistent_workers=num_workers > 0,
+        sample_batches=sample_batches, shuffle=distributed, num_workers=num_workers,
+        persistent_workers=num_workers > 0,
         multiprocessing_context=_worker_start_method(num_workers),
         worker_init_fn=_leave_stops_to_the_rank if num_workers > 0 else None,
         filter_per_worker=filter_per_worker,
