@@ -69,6 +69,9 @@ for line in (out / "steps.tsv").read_text().splitlines():
         later = [e["epoch_time_s"] for e in d.get("epochs", [])[1:]]
         if later:
             keys.append(f"epoch_time_after_first_s={fmt(sum(later) / len(later))}")
+        busy = [e.get("gpu_busy_pct") for e in d.get("epochs", [])[1:]]
+        if busy and None not in busy:
+            keys.append(f"gpu_busy_after_first_pct={sum(busy) / len(busy):.0f}")
     b = out / step / "bench.json"
     if b.is_file():
         res = json.loads(b.read_text())["results"]
@@ -76,6 +79,8 @@ for line in (out / "steps.tsv").read_text().splitlines():
             if isinstance(r, dict):
                 keys.append(f"{name}: " + (f"{r['epoch_time_s']:.3g} s/epoch, test_acc "
                                            f"{fmt(r.get('test_acc'))}, x{r.get('epoch_time_vs_pyg_mgpu', 0):.2f} vs pyg_mgpu"
+                                           + (f", GPU busy {r['gpu_busy_pct']:.0f}%"
+                                              if r.get("gpu_busy_pct") is not None else "")
                                            if "epoch_time_s" in r else
                                            str(r.get("skipped") or r.get("failed"))))
             elif isinstance(r, float) and "_vs_" not in name:

@@ -110,10 +110,21 @@ def _graph_flags(args) -> list[str]:
             "--num-features", str(args.num_features), "--num-classes", str(args.num_classes)]
 
 
+def _steady_epochs(metrics: dict) -> list[dict]:
+    """The epochs after the first (its warm-up), or the only one."""
+    epochs = metrics["epochs"]
+    return epochs[1:] if len(epochs) > 1 else epochs
+
+
 def _steady_epoch_time(metrics: dict) -> float:
-    times = [e["epoch_time_s"] for e in metrics["epochs"]]
-    steady = times[1:] if len(times) > 1 else times
-    return sum(steady) / len(steady)
+    times = [e["epoch_time_s"] for e in _steady_epochs(metrics)]
+    return sum(times) / len(times)
+
+
+def _steady_gpu_busy(metrics: dict) -> Optional[float]:
+    """The GPU's mean busy percent over those epochs' training, where NVML read it."""
+    shares = [e.get("gpu_busy_pct") for e in _steady_epochs(metrics)]
+    return None if None in shares else sum(shares) / len(shares)
 
 
 def _run_pyg_mgpu(system: str, args, out: Path) -> dict:
@@ -158,6 +169,7 @@ def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None) -> dict:
             "seeds_per_s": (train_nodes or metrics.get("train_nodes", 0)) / epoch_time,
             "test_acc": metrics.get("test_acc"), "best_val_acc": metrics.get("best_val_acc"),
             "peak_mem_mb": metrics.get("peak_mem_mb"),
+            "gpu_busy_pct": _steady_gpu_busy(metrics),
             "stage_times_s": metrics.get("stage_times_s"),
             "job_wall_s": time.perf_counter() - start}
 
@@ -198,8 +210,9 @@ def format_training(results: dict) -> str:
             lines.append(f"{name:26s} {r.get('skipped') or r.get('failed')}")
             continue
         ratios = "".join(f"{r[f'epoch_time_vs_{ref}']:12.2f}x" for ref in references)
+        busy = "" if r.get("gpu_busy_pct") is None else f" GPU busy {r['gpu_busy_pct']:.0f}%"
         lines.append(f"{name:26s} {r['epoch_time_s']:9.2f} {r['seeds_per_s']:9.0f} {ratios} "
-                     f"{r['test_acc']:9.4f}")
+                     f"{r['test_acc']:9.4f}{busy}")
     return "\n".join(lines)
 
 

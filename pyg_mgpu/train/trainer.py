@@ -31,6 +31,7 @@ from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
+from pyg_mgpu.train.busy import BusyShare, nvml_reader
 from pyg_mgpu.train.checkpoint import (
     CHECKPOINT,
     StepPosition,
@@ -250,6 +251,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
     """
     timer = StageTimer(ctx.device, sync=cfg.performance.profile)
     between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler)
+    busy = BusyShare(nvml_reader(ctx.device) if ctx.is_main else None)
     try:
         for epoch in range(progress.next_epoch, cfg.training.epochs + 1):
             # A checkpoint taken inside this epoch: its steps done, sums and seconds so far.
@@ -260,10 +262,12 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
             start = time.perf_counter() - (resumed.elapsed_s if resumed else 0.0)
             between.begin_epoch(epoch, done + len(data.train_loader), start)
             totals = EpochTotals.from_state(resumed.totals, ctx.device) if resumed else None
+            busy.start()
             train_loss, train_acc, classes = train_epoch(
                 trainee.ddp, trainee.optimizer, data.train_loader, ctx, timer, epoch, cfg,
                 trainee.grad_sync, totals=totals, done=done, after_step=between.after_step)
             epoch_time = time.perf_counter() - start
+            gpu_busy_pct = busy.stop()
             val_acc, eval_time = None, 0.0
             if epoch % cfg.evaluation.eval_every == 0 or epoch == cfg.training.epochs:
                 start = time.perf_counter()
@@ -278,6 +282,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
                                      "train_acc": train_acc, "val_acc": val_acc,
                                      "classes_predicted": classes,
                                      "epoch_time_s": epoch_time, "eval_time_s": eval_time,
+                                     "gpu_busy_pct": gpu_busy_pct,
                                      "stage_times_s": dict(timer.seconds)})
             progress.next_epoch = epoch + 1
             warnings = collapse_warnings(progress.history, lr=cfg.model.lr, norm=cfg.model.norm,
