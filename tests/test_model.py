@@ -185,3 +185,19 @@ def test_sage_layer_equals_pyg_sageconv_under_bf16_autocast_with_gradients():
     torch.testing.assert_close(outputs[0], outputs[1], rtol=2e-2, atol=2e-2)
     for a, b in zip(*param_grads):  # sums of many bf16 products: compare as whole tensors
         assert (a - b).norm() <= 0.02 * b.norm()
+
+
+def test_mean_aggregation_takes_the_gradients_type_whatever_the_callers_weights():
+    # CUDA's autocast runs embedding_bag in float32: a bf16 input's gradient then arrives in
+    # float32 while the caller made 1/deg in bf16. The backward makes its own in that case.
+    from pyg_mgpu.nn.sage import edge_destinations, inverse_degree, mean_aggregate
+    gen = torch.Generator().manual_seed(0)
+    ptr = torch.tensor([0, 3, 3, 7, 12])
+    src = torch.randint(9, (12,), generator=gen)
+    dst = edge_destinations(ptr, src.numel())
+    grads = []
+    for weight in (None, inverse_degree(ptr, torch.bfloat16).index_select(0, dst)):
+        x = torch.randn(9, 5, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        mean_aggregate(x, ptr, src, dst, weight).mul(torch.arange(20.).view(4, 5)).sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
