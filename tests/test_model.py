@@ -188,8 +188,8 @@ def test_sage_layer_equals_pyg_sageconv_under_bf16_autocast_with_gradients():
 
 
 def test_mean_aggregation_takes_the_gradients_type_whatever_the_callers_weights():
-    # CUDA's autocast runs embedding_bag in float32: a bf16 input's gradient then arrives in
-    # float32 while the caller made 1/deg in bf16. The backward makes its own in that case.
+    # Under CUDA's autocast the gradient can arrive in another type than the caller made 1/deg
+    # in (--amp bf16 failed so on a GPU). The backward then makes its own in the gradient's type.
     from pyg_mgpu.nn.sage import edge_destinations, inverse_degree, mean_aggregate
     gen = torch.Generator().manual_seed(0)
     ptr = torch.tensor([0, 3, 3, 7, 12])

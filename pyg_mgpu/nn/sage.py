@@ -126,8 +126,8 @@ class _MeanAggregate(torch.autograd.Function):
         ptr, src, dst, weight = ctx.saved_tensors
         if dst is None or weight is None:
             dst, weight = edge_destinations(ptr, src.numel()), None
-        # The caller's weights are in its input's type; CUDA's autocast runs embedding_bag in
-        # float32, so a bf16 input's gradient arrives in float32 there.
+        # The caller's weights are in its input's type; under CUDA's autocast the gradient can
+        # arrive in another (--amp bf16 on a GPU failed on the mismatch).
         if weight is None or weight.dtype != grad.dtype:
             weight = inverse_degree(ptr, grad.dtype).index_select(0, dst)
         by_source = torch.argsort(src, stable=True)
