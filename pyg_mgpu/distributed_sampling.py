@@ -174,7 +174,8 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
                                   "each GPU; cpu = the shared host copy, sampled on the CPU; "
                                   "host = the shared host copy pinned once, sampled and "
                                   "gathered by every GPU in place (zero-copy); auto = gpu if "
-                                  "it fits in half the free memory, else cpu")
+                                  "it fits in half the free memory, else host (cpu where "
+                                  "--features-on mmap leaves the features in a file)")
     performance.add_argument("--feature-cache-gb", type=float, default=d.feature_cache_gb,
                              help="GPU ranks with the graph in host memory cache the "
                                   "most-sampled feature rows on the GPU, up to this size; "

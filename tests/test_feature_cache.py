@@ -93,10 +93,29 @@ def test_graph_stays_on_the_host_for_pyg_sampler_or_too_little_gpu_memory(graph)
     # PyG's sampler runs on the CPU: even a GPU rank with room to spare samples the host copy.
     # (Decided before any CUDA call, so this runs without a GPU.)
     assert place_graph(graph, torch.device("cuda", 0), "auto", sampler="pyg") is graph
-    # With --graph-on auto, every rank goes by the same (least) free memory: too little keeps
-    # the host copy.
-    assert place_graph(graph, torch.device("cuda", 0), "auto",
-                       free_bytes=2 * graph.nbytes() - 1) is graph
+    # With --graph-on auto, every rank goes by the same (least) free memory.
+    from pyg_mgpu.train.loaders import choose_placement
+    cuda = torch.device("cuda", 0)
+    assert choose_placement(graph, cuda, "auto", free_bytes=2 * graph.nbytes()) == "gpu"
+    # Too little: the host copy pinned and read by the GPU, unless its features are a file's.
+    assert choose_placement(graph, cuda, "auto", free_bytes=2 * graph.nbytes() - 1) == "host"
+    assert choose_placement(graph, torch.device("cpu"), "auto") == "cpu"
+    assert choose_placement(graph, cuda, "cpu") == "cpu"
+    assert choose_placement(graph, cuda, "host", sampler="pyg") == "cpu"
+
+
+def test_a_host_copy_in_a_file_stays_with_the_cpu(tmp_path):
+    from test_graph_cache import SMALL, load_npz_cached, write_npz
+
+    from pyg_mgpu.data.synthetic import make_synthetic
+    from pyg_mgpu.train.loaders import choose_placement, features_in_a_file
+    path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=0))
+    cuda = torch.device("cuda", 0)
+    for placement, pinned in [("mmap", False), ("shm", True), ("tensors", True)]:
+        graph = load_npz_cached(path, tmp_path / "cache", [], placement)
+        assert features_in_a_file(graph) == (not pinned), placement
+        assert choose_placement(graph, cuda, "auto", free_bytes=0) == \
+            ("host" if pinned else "cpu"), placement
 
 
 def test_cpu_ranks_never_touch_cuda_on_a_gpu_machine(graph, monkeypatch):

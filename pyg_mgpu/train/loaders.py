@@ -46,29 +46,49 @@ def _pyg_sampler(graph: ConvertedGraph, fanout: Sequence[int]):
     return PyGNeighborSampler(data, num_neighbors=list(fanout), is_sorted=False)
 
 
+def choose_placement(graph: ConvertedGraph, device: torch.device, placement: str,
+                     sampler: str = "native", free_bytes: Optional[int] = None) -> str:
+    """Where this rank samples from: ``"cpu"`` (the shared host copy, sampled on the CPU),
+    ``"gpu"`` (this GPU's own copy) or ``"host"`` (the shared host copy pinned in place and
+    read by this GPU's kernels, :mod:`pyg_mgpu.data.pinned`).
+
+    ``"auto"`` takes the GPU copy when it fits in half of ``free_bytes`` (default: this GPU's
+    free memory; the trainer passes the least of all ranks', so that every rank chooses alike),
+    else the pinned host copy: on an H200 its epoch took 1.32x the GPU copy's, where sampling
+    on the CPU took about 5x on an H100 (docs/benchmarks.md). A host copy whose features are a
+    file's pages (``--features-on mmap``) stays with the CPU: pinning would hold the file in RAM.
+    PyG's sampler (pyg-lib, torch-sparse) and the heterogeneous one sample on the CPU.
+    """
+    if device.type != "cuda" or placement == "cpu" or sampler == "pyg" or graph.is_hetero:
+        return "cpu"
+    if placement != "auto":
+        return placement
+    if free_bytes is None:
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+    if graph.nbytes() <= free_bytes // 2:  # half the card for activations and the allocator
+        return "gpu"
+    return "cpu" if features_in_a_file(graph) else "host"
+
+
+def features_in_a_file(graph: ConvertedGraph) -> bool:
+    """Whether the graph's features are the pages of a file in the graph cache (not of
+    ``/dev/shm`` or of this process's memory)."""
+    mapped = graph.mapped.get("x")
+    return mapped is not None and not str(mapped.path).startswith("/dev/shm/")
+
+
 def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
                 sampler: str = "native", free_bytes: Optional[int] = None) -> ConvertedGraph:
-    """The graph this rank samples from: its own GPU copy when asked or when it fits, else
-    the shared host copy (features then travel per batch); with ``placement="host"``, CUDA
-    views of the shared host copy, pinned in place (:mod:`pyg_mgpu.data.pinned`), which this
-    GPU samples and gathers from without copying the graph.
-
-    PyG's sampler (pyg-lib, torch-sparse) samples on the CPU, from the host copy. ``free_bytes``
-    is the GPU memory the ``auto`` choice goes by (default: this GPU's free memory; the trainer
-    passes the least of all ranks', so that every rank chooses alike).
-    """
-    if device.type != "cuda" or placement == "cpu" or sampler == "pyg" or \
-            graph.is_hetero:  # the heterogeneous sampler reads the host copy
+    """The graph this rank samples from, where :func:`choose_placement` puts it: the shared
+    host copy itself, this GPU's copy, or CUDA views of the shared host copy, pinned in place,
+    which this GPU samples and gathers from without copying the graph."""
+    where = choose_placement(graph, device, placement, sampler, free_bytes)
+    if where == "cpu":
         return graph
-    if placement == "host":  # the shared copy pinned, read in place by this GPU's kernels
+    if where == "host":
         small = {"train_idx", "val_idx", "test_idx"}
         moved = pinned_graph_tensors(graph.tensors(), device, small=small)
         return ConvertedGraph(name=graph.name, num_classes=graph.num_classes, **moved)
-    if placement == "auto":
-        if free_bytes is None:
-            free_bytes, _ = torch.cuda.mem_get_info(device)
-        if graph.nbytes() > free_bytes // 2:  # half the card for activations and the allocator
-            return graph
     moved = {name: t.to(device) for name, t in graph.tensors().items()}
     return ConvertedGraph(name=graph.name, num_classes=graph.num_classes, **moved)
 

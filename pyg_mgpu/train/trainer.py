@@ -46,6 +46,7 @@ from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.train.loaders import (
     batches_per_walk,
+    choose_placement,
     make_feature_cache,
     make_loader,
     place_graph,
@@ -145,9 +146,11 @@ class RankData:
 def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> RankData:
     """Places the graph for this rank and builds its sharded training loader and evaluator."""
     sampler = resolve_sampler(cfg.training.sampler)
-    graph = place_graph(graph, ctx.device, cfg.performance.graph_on, sampler, _least_free_gpu_bytes(ctx))
+    where = choose_placement(graph, ctx.device, cfg.performance.graph_on, sampler,
+                             _least_free_gpu_bytes(ctx))
+    graph = place_graph(graph, ctx.device, where, sampler)
     feature_cache = make_feature_cache(graph, ctx.device, cfg.performance.feature_cache_gb,
-                                       pinned=cfg.performance.graph_on == "host")
+                                       pinned=where == "host")
     if feature_cache is not None and ctx.is_main:
         tqdm.write(f"graph in host memory; {feature_cache.num_cached:,} hottest feature rows "
                    f"({feature_cache.nbytes() / 2**30:.2f} GiB) cached on the GPU")
