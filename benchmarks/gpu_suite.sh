@@ -189,10 +189,11 @@ if want variants; then
   train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
     --inference layerwise
   # Two ranks reading one pinned host copy: the job's total PSS against the dataset's size
-  # (one pinned copy, not one per rank).
+  # (one pinned copy, not one per rank). On the products-sized graph (about 1.5 GB): at 200k
+  # nodes a second copy would hide in each rank's 1.1 GB of CUDA runtime.
   step host_memory 300 "$PY" -m pyg_mgpu.memory -- "$PY" -m pyg_mgpu.distributed_sampling \
     --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --graph-on host \
-    --num-nodes "$NODES" --num-edges "$EDGES" --num-features 100 --num-classes 47 \
+    --num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47 \
     --fanout 15,10,5 --batch-size 1024 --epochs 1 --out "$OUT/host_memory"
 fi
 
