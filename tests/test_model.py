@@ -82,6 +82,28 @@ def test_relu_dropout_is_relu_then_unbiased_dropout():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu_dropout_on_the_gpus_path_is_relu_then_unbiased_dropout(dtype):
+    # The GPU's form (native_dropout, exact p), taken here on CPU tensors.
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    from pyg_mgpu.nn.sage import relu_dropout
+    torch.manual_seed(0)
+    x = torch.randn(1000, 1000, dtype=dtype, requires_grad=True)
+    with counting_gpu_path():
+        for p in (0.5, 0.3):
+            y = relu_dropout(x, p)
+            assert y.dtype == dtype
+            positive = x > 0
+            assert (y[~positive] == 0).all()
+            kept = (y[positive] != 0).double().mean().item()
+            assert abs(kept - (1 - p)) < 0.005
+            survivors = y != 0
+            torch.testing.assert_close(y[survivors], (x / (1 - p))[survivors].to(dtype))
+        y = relu_dropout(x, 0.5)
+    y.float().sum().backward()
+    assert torch.equal(x.grad, (y > 0).to(dtype) * 2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("p", [0.5, 0.2])
 def test_dropout_masks_are_independent_across_elements(dtype, p):
     # Each element must get its own random bits: an element reusing another's bit (same word,

@@ -32,7 +32,9 @@ def test_tensors_that_stay_on_the_host_cost_nothing():
     with counter:
         step.add_(1)
         float(step)
-    assert counter.costs[STAGES[0]].kernels == 0
+        with torch.profiler.record_function("a mark"):  # torch.optim marks its step so
+            pass
+    assert counter.costs[STAGES[0]].kernels == 0 and counter.costs[STAGES[0]].views == 0
 
 
 def test_a_step_counted_on_the_gpus_path_per_stage():

@@ -103,6 +103,7 @@ class EpochTotals:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.correct = torch.zeros((), dtype=torch.long, device=device)
         self.predicted = torch.zeros(0, dtype=torch.long, device=device)  # sized at first use
+        self._ones = torch.zeros(0, dtype=torch.long, device=device)  # grown at first use
         self.seen = 0
 
     def state(self) -> tuple:
@@ -128,8 +129,11 @@ class EpochTotals:
         if self.predicted.numel() != logits.size(-1):
             self.predicted = torch.zeros(logits.size(-1), dtype=torch.long,
                                          device=logits.device)
-        # index_add_, not bincount: CUDA's bincount reads the largest value on the host.
-        self.predicted.index_add_(0, prediction, torch.ones_like(prediction))
+        # index_add_, not bincount: CUDA's bincount reads the largest value on the host. Its
+        # ones are made once, for the largest batch so far (a kernel per batch less).
+        if self._ones.numel() < prediction.numel():
+            self._ones = torch.ones_like(prediction)
+        self.predicted.index_add_(0, prediction, self._ones[:prediction.numel()])
         self.seen += y.numel()
 
     def compute(self, sum_over_ranks: bool = True) -> tuple[float, float]:
