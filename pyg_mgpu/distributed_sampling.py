@@ -196,6 +196,11 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
                                   "GPU, else 1 (on CPUs a walk of several batches is slower)")
     performance.add_argument("--profile", action="store_true",
                              help="print per-stage times per epoch")
+    performance.add_argument("--trace-steps", type=int, default=d.trace_steps, metavar="N",
+                             help="rank 0 runs N steps of the last epoch (after 10 warm-up "
+                                  "steps) under torch.profiler: kernels.csv (ops and kernels by "
+                                  "their own device and host time) and trace.json (Chrome "
+                                  "trace) in --out; 0 traces nothing")
 
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--out", default=d.out, help=out_help)

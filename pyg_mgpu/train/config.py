@@ -246,9 +246,12 @@ class PerformanceSettings:
     prefetch: Optional[int] = None  # None: 1 ahead on GPU ranks with the native sampler, else off
     sample_batches: Optional[int] = None  # None: 8 on GPU ranks sampling on the GPU, else 1
     profile: bool = False
+    trace_steps: int = 0  # 0: no torch.profiler trace
 
     def __post_init__(self) -> None:
         _one_of(amp=(self.amp, AMP_MODES), graph_on=(self.graph_on, GRAPH_PLACES))
+        if self.trace_steps < 0:
+            raise ConfigError(f"--trace-steps must be >= 0 (0: no trace), got {self.trace_steps}.")
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.feature_cache_gb is not None and not self.feature_cache_gb >= 0:

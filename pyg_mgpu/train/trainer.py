@@ -54,6 +54,7 @@ from pyg_mgpu.train.loaders import (
 )
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
+from pyg_mgpu.train.trace import StepTrace, format_top
 
 
 @dataclass
@@ -245,6 +246,11 @@ class StepCheckpoints:
         raise StopSignal(signum)
 
 
+def _then_trace(after_step, trace: StepTrace, *args) -> None:
+    after_step(*args)
+    trace.step()
+
+
 def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
         progress: Progress, out: Path) -> Progress:
     """Trains the remaining epochs: one epoch, validation, checkpoint, log line each.
@@ -255,6 +261,8 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
     timer = StageTimer(ctx.device, sync=cfg.performance.profile)
     between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler)
     busy = BusyShare(nvml_reader(ctx.device) if ctx.is_main else None)
+    trace = (StepTrace(out, cfg.performance.trace_steps, ctx.device)
+             if cfg.performance.trace_steps and ctx.is_main else None)
     try:
         for epoch in range(progress.next_epoch, cfg.training.epochs + 1):
             # A checkpoint taken inside this epoch: its steps done, sums and seconds so far.
@@ -265,12 +273,22 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
             start = time.perf_counter() - (resumed.elapsed_s if resumed else 0.0)
             between.begin_epoch(epoch, done + len(data.train_loader), start)
             totals = EpochTotals.from_state(resumed.totals, ctx.device) if resumed else None
+            traced = trace is not None and epoch == cfg.training.epochs
+            after_step = between.after_step
+            if traced:
+                trace.start(len(data.train_loader))
+                after_step = partial(_then_trace, between.after_step, trace)
             busy.start()
             train_loss, train_acc, classes = train_epoch(
                 trainee.ddp, trainee.optimizer, data.train_loader, ctx, timer, epoch, cfg,
-                trainee.grad_sync, totals=totals, done=done, after_step=between.after_step)
+                trainee.grad_sync, totals=totals, done=done, after_step=after_step)
             epoch_time = time.perf_counter() - start
             gpu_busy_pct = busy.stop()
+            if traced:
+                trace.stop()
+                tqdm.write(f"trace of {trace.steps} steps (kernels.csv, trace.json in {out}):\n"
+                           + format_top(trace.table) if trace.table else
+                           "no trace: --trace-steps needs an epoch of at least 2 steps")
             val_acc, eval_time = None, 0.0
             if epoch % cfg.evaluation.eval_every == 0 or epoch == cfg.training.epochs:
                 start = time.perf_counter()
