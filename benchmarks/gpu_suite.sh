@@ -4,7 +4,8 @@
 #
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT tests     # versions, pytest -m gpu
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes,
-#                                                          # per-stage profile at 2.4M nodes
+#                                                          # per-stage profile and kernel
+#                                                          # trace at 2.4M nodes
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, a stop and resume,
 #                                                          # the heterogeneous example
 #                                                          # and CLI,
@@ -150,6 +151,11 @@ if want sampler; then
   step profile_products 300 "$PY" -m pyg_mgpu.distributed_sampling --devices "$DEV" \
     --num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47 \
     --fanout 15,10,5 --batch-size 1024 --epochs 2 --profile --out "$OUT/profile_products"
+  # Kernel by kernel: 20 steps of the second epoch under torch.profiler (kernels.csv with each
+  # op's and kernel's own GPU time per step, trace.json for Perfetto).
+  step trace_products 240 "$PY" -m pyg_mgpu.distributed_sampling --devices "$DEV" \
+    --num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47 \
+    --fanout 15,10,5 --batch-size 1024 --epochs 2 --trace-steps 20 --out "$OUT/trace_products"
 fi
 
 if want variants; then

@@ -135,7 +135,7 @@ def test_sampler_bench_reports_edges_per_second(tmp_path):
 GPU_SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"
 GPU_SUITE_PARTS = {
     "tests": ["env", "pytest_gpu"],
-    "sampler": ["sampler_1m", "sampler_2_4m", "profile_products"],
+    "sampler": ["sampler_1m", "sampler_2_4m", "profile_products", "trace_products"],
     "variants": ["graph_gpu", "graph_host", "walk_1", "graph_cpu_cache", "graph_cpu_mmap",
                  "amp_bf16", "compile", "prefetch2", "layerwise", "eval_all", "resume",
                  "stop_resume", "hetero_example", "hetero_cli", "gloo_2ranks", "host_memory"],
