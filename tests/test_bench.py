@@ -130,6 +130,7 @@ def test_sampler_bench_reports_edges_per_second(tmp_path):
     assert results["hetero_1_thread"] > 0 and results["hetero_vs_directional"] > 0
     assert results["hetero_temporal_1_thread"] > 0 and results["hetero_temporal_vs_disjoint"] > 0
     assert results["directional_loader_0_workers"] > 0
+    assert results["directional_8_per_walk_1_thread"] > 0  # walks of 8 batches
 
 
 GPU_SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"

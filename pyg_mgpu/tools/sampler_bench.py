@@ -6,6 +6,7 @@ equally often, each turn starting from cold caches, so that their ratios hold on
 """
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -222,6 +223,19 @@ def run_sampler_bench(args) -> dict:
         results[f"{name}_1_thread"] = rates[name]
         results[f"{name}_vs_directional"] = rates[name] / rates["directional"]
         results[f"{name}_vs_disjoint"] = rates[name] / rates["disjoint"]
+
+    # Walks of 8 batches (the GPU ranks' default): one sampler walk draws 8 batches' trees.
+    walk = NeighborSampler(data, fanout, seed=0)
+    walks = [list(seeds.split(args.batch_size)[i:i + 8])
+             for i in range(0, len(seeds.split(args.batch_size)), 8)]
+
+    def walks_of_8():
+        for group in itertools.cycle(walks):
+            yield sum(out.row.numel() for out in walk.sample_batches(group))
+    results["directional_8_per_walk_1_thread"] = _sampled_edges_per_s(
+        walks_of_8, max(1, args.batches // 8), sync)
+    results["directional_8_per_walk_vs_directional"] = (
+        results["directional_8_per_walk_1_thread"] / results["directional_1_thread"])
 
     if on_gpu:  # keys keep their CPU names ("_1_thread"); "device" says where they ran
         def ours_on_gpu():
