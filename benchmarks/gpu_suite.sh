@@ -12,6 +12,14 @@
 #                                                          # 2 gloo ranks on one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
 #                                                          # with nvidia-smi sampling
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT lean      # the first call on a fresh GPU
+#                                                          # (about 8 minutes): versions,
+#                                                          # pytest -m gpu (6 at once), the
+#                                                          # products bench of the GPU's modes
+#                                                          # (2 epochs), the sampler and the
+#                                                          # kernel trace at 2.4M nodes, and
+#                                                          # host memory of 2 ranks on one
+#                                                          # pinned copy
 #   bash benchmarks/gpu_suite.sh OUT quick                  # all but full (over one call)
 #   bash benchmarks/gpu_suite.sh OUT all                    # all four (over one call)
 #   DRY_RUN=1 bash benchmarks/gpu_suite.sh OUT all          # print the commands, run nothing
@@ -29,12 +37,15 @@ set -u
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [tests|sampler|variants|full|quick|all]}
 PART=${2:-all}
 case "$PART" in
-  tests|sampler|variants|full|quick|all) ;;
-  *) echo "part must be tests, sampler, variants, full, quick or all" >&2; exit 2;;
+  tests|sampler|variants|full|lean|quick|all) ;;
+  *) echo "part must be tests, sampler, variants, full, lean, quick or all" >&2; exit 2;;
 esac
 want() {  # want tests|sampler|variants|full: whether PART includes it
-  case "$PART" in all) true;; quick) [ "$1" != full ];; *) [ "$1" = "$PART" ];; esac
+  case "$PART" in all|lean) true;; quick) [ "$1" != full ];; *) [ "$1" = "$PART" ];; esac
 }
+if [ "$PART" = lean ]; then  # these steps of every part, in the parts' order
+  SUITE_STEPS=${SUITE_STEPS:-"env pytest_gpu sampler_2_4m trace_products host_memory products"}
+fi
 PY=${PYTHON:-python3}
 DEV=${SUITE_DEVICES:-cuda:0}
 NODES=${SUITE_NODES:-200000}
@@ -212,10 +223,13 @@ if want full; then
       > "$OUT/products/gpu_usage.csv" 2>/dev/null &
     SMI=$!
   fi
+  # The lean part: the GPU's own modes only, 2 epochs each (the second is the one reported).
+  systems=pyg_mgpu,pyg_mgpu_graph_on_host,pyg_mgpu_one_batch_per_walk,pyg_mgpu_bf16
+  epochs=2
+  [ "$PART" = lean ] || { systems=$systems,pyg_model_native_sampler,pyg_recipe; epochs=3; }
   step products 600 "$PY" -m pyg_mgpu.bench --devices cuda --nprocs 1 --num-nodes 2400000 \
     --num-edges 62000000 --num-features 100 --num-classes 47 --fanout 15,10,5 \
-    --batch-size 1024 --epochs 3 --num-workers 4 \
-    --systems pyg_mgpu,pyg_mgpu_graph_on_host,pyg_mgpu_one_batch_per_walk,pyg_mgpu_bf16,pyg_model_native_sampler,pyg_recipe \
+    --batch-size 1024 --epochs "$epochs" --num-workers 4 --systems "$systems" \
     --out "$OUT/products"
   if [ "$DRY" != 1 ]; then kill "$SMI" 2>/dev/null; wait "$SMI" 2>/dev/null; summarize; fi
 fi

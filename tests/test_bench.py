@@ -160,6 +160,18 @@ def test_gpu_suite_parts_together_run_every_step_once(tmp_path, part):
     assert gpu_suite_steps(tmp_path, part) == expected
 
 
+def test_the_lean_part_runs_the_first_calls_steps_with_the_gpus_modes(tmp_path):
+    assert gpu_suite_steps(tmp_path, "lean") == [
+        "env", "pytest_gpu", "sampler_2_4m", "trace_products", "host_memory", "products"]
+    done = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "lean"], capture_output=True,
+                          text=True, env={**os.environ, "DRY_RUN": "1"}, check=True)
+    products = next(line for line in done.stdout.splitlines() if line.startswith("== products"))
+    assert "--epochs 2" in products and "pyg_recipe" not in products
+    full = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "full"], capture_output=True,
+                          text=True, env={**os.environ, "DRY_RUN": "1"}, check=True).stdout
+    assert "--epochs 3" in full and "pyg_recipe" in full
+
+
 def test_gpu_suite_runs_only_the_named_steps(tmp_path):
     assert gpu_suite_steps(tmp_path, "variants", SUITE_STEPS="resume compile") == [
         "compile", "resume"]
