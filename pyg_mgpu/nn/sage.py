@@ -123,6 +123,13 @@ class _MeanAggregate(torch.autograd.Function):
                 weight: Optional[Tensor]) -> Tensor:
         ctx.save_for_backward(ptr, src, dst, weight)
         ctx.num_src = x_src.size(0)
+        device_type = x_src.device.type
+        if torch.is_autocast_enabled(device_type):
+            # The means in the input's own type on every device (CPU autocast leaves
+            # embedding_bag alone; the gradient then comes back in the type of the weights
+            # the caller made from the input's): no cast of the gathered rows.
+            with torch.autocast(device_type, enabled=False):
+                return F.embedding_bag(src, x_src, ptr[:-1], mode="mean")
         return F.embedding_bag(src, x_src, ptr[:-1], mode="mean")
 
     @staticmethod
