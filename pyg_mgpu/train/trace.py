@@ -26,6 +26,7 @@ class StepTrace:
     def __init__(self, out: Path, steps: int, device: torch.device, skip: int = 10):
         self.out, self.steps, self.device, self.skip = Path(out), steps, device, skip
         self._profiler: Optional[profile] = None
+        self.traced = 0  # steps the profiler records (fewer than asked in a short epoch)
         self.table: list[dict] = []
 
     def start(self, steps_in_epoch: int) -> None:
@@ -36,7 +37,7 @@ class StepTrace:
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
-        self._traced = traced
+        self.traced = traced
         self._profiler = profile(activities=activities,
                                  schedule=schedule(wait=skip, warmup=1, active=traced, repeat=1),
                                  on_trace_ready=self._write)
@@ -62,8 +63,8 @@ class StepTrace:
                 continue
             rows.append({"name": event.key, "calls": event.count,
                          "self_device_ms": device_us / 1e3, "self_cpu_ms": cpu_us / 1e3,
-                         "self_device_ms_per_step": device_us / 1e3 / self._traced,
-                         "self_cpu_ms_per_step": cpu_us / 1e3 / self._traced})
+                         "self_device_ms_per_step": device_us / 1e3 / self.traced,
+                         "self_cpu_ms_per_step": cpu_us / 1e3 / self.traced})
         rows.sort(key=lambda r: (-r["self_device_ms"], -r["self_cpu_ms"]))
         self.table = rows
         with open(self.out / "kernels.csv", "w", newline="") as f:

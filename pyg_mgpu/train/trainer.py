@@ -286,7 +286,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
             gpu_busy_pct = busy.stop()
             if traced:
                 trace.stop()
-                tqdm.write(f"trace of {trace.steps} steps (kernels.csv, trace.json in {out}):\n"
+                tqdm.write(f"trace of {trace.traced} steps (kernels.csv, trace.json in {out}):\n"
                            + format_top(trace.table) if trace.table else
                            "no trace: --trace-steps needs an epoch of at least 2 steps")
             val_acc, eval_time = None, 0.0
