@@ -137,8 +137,8 @@ class _MeanAggregate(torch.autograd.Function):
         ptr, src, dst, weight = ctx.saved_tensors
         if dst is None or weight is None:
             dst, weight = edge_destinations(ptr, src.numel()), None
-        # The caller's weights are in its input's type; under CUDA's autocast the gradient can
-        # arrive in another (--amp bf16 on a GPU failed on the mismatch).
+        # The caller's weights are in its input's type; should the gradient's differ (an
+        # autocast that changed the output's type), embedding_bag needs them in the gradient's.
         if weight is None or weight.dtype != grad.dtype:
             weight = inverse_degree(ptr, grad.dtype).index_select(0, dst)
         by_source = torch.argsort(src, stable=True)

@@ -54,9 +54,9 @@ def choose_placement(graph: ConvertedGraph, device: torch.device, placement: str
 
     ``"auto"`` takes the GPU copy when it fits in half of ``free_bytes`` (default: this GPU's
     free memory; the trainer passes the least of all ranks', so that every rank chooses alike),
-    else the pinned host copy: on an H200 its epoch took 1.32x the GPU copy's, where sampling
-    on the CPU took about 5x on an H100 (docs/benchmarks.md). A host copy whose features are a
-    file's pages (``--features-on mmap``) stays with the CPU: pinning would hold the file in RAM.
+    else the pinned host copy, which the GPU samples faster than the CPU does
+    (docs/benchmarks.md). A host copy whose features are a file's pages (``--features-on
+    mmap``) stays with the CPU: pinning would hold the file in RAM.
     PyG's sampler (pyg-lib, torch-sparse) and the heterogeneous one sample on the CPU.
     """
     if device.type != "cuda" or placement == "cpu" or sampler == "pyg" or graph.is_hetero:
