@@ -13,6 +13,7 @@ appearance, edges grouped by hop and by destination, per-hop counts.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
@@ -99,7 +100,7 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
     edge_sizes = [sum(c) for c in edge_counts]
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=device)
-    first_of_batch = [sum(node_sizes[:b]) for b in range(num_batches)]
+    first_of_batch = list(itertools.accumulate(node_sizes, initial=0))[:num_batches]
     local = rank - to_device(first_of_batch, device).index_select(0, node_batch)
     parts = {
         "node": node.index_select(0, order).split(node_sizes),

@@ -91,6 +91,8 @@ class FeatureCache:
         if self.num_cached == 0:
             return self.x.index_select(0, n_id)
         slot = self.slot.index_select(0, n_id)
+        if self.num_cached == self.x.size(0):  # every row on the GPU: no miss to count
+            return self.rows.index_select(0, slot)
         out = self.rows.index_select(0, slot.clamp(min=0))
         miss = slot < 0
         (num_missed,) = host_ints(miss.sum().view(1))

@@ -181,6 +181,13 @@ class NeighborSampler(PyGNeighborSampler):
     def device(self) -> torch.device:
         return self.graph.device
 
+    @property
+    def samples_batches_together(self) -> bool:
+        """Whether :meth:`sample_batches` takes this sampler's graph and mode: homogeneous,
+        without temporal sampling or ``subgraph_type="induced"``."""
+        return not (self.is_hetero or self.is_temporal or
+                    self.subgraph_type == SubgraphType.induced)
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         # As bytes: a tensor made here would go to a spawned worker as shared memory that is
@@ -257,7 +264,7 @@ class NeighborSampler(PyGNeighborSampler):
         (:mod:`.batches`). The draws differ from separate calls': the generator is shared.
         Homogeneous graphs, without temporal sampling or ``subgraph_type="induced"``.
         """
-        if self.is_hetero or self.is_temporal or self.subgraph_type == SubgraphType.induced:
+        if not self.samples_batches_together:
             raise NotImplementedError("sample_batches samples homogeneous graphs, without "
                                       "time_attr or subgraph_type='induced'; call sample for "
                                       "each batch instead.")

@@ -44,18 +44,21 @@ def first_occurrences(nbr: Tensor, lookup: Tensor, num_ids: int) -> Tensor:
     back equal only there. No sort, one pass, and the same order on every run and thread count
     (a plain indexed write lets an arbitrary duplicate win when it runs in parallel).
     """
-    offer = _offers(max(lookup.numel(), num_ids), nbr, lookup)
-    lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
-    return nbr.masked_select(lookup.index_select(0, nbr) == offer)
+    seen, offer = _claim(max(lookup.numel(), num_ids), nbr, lookup)
+    return nbr.masked_select(seen == offer)
 
 
-def _offers(base: int, nbr: Tensor, lookup: Tensor) -> Tensor:
-    """``base, base + 1, ...``, one per position of ``nbr``, in the lookup's type."""
+def _claim(base: int, nbr: Tensor, lookup: Tensor) -> tuple[Tensor, Tensor]:
+    """Every position of ``nbr`` offers ``base + position`` to its node's entry of ``lookup``
+    and the smallest offer wins: (each position's entry afterwards, its offer). The entry
+    equals the offer exactly at a new node's first position."""
     if base + nbr.numel() >= unseen(lookup.dtype):
         raise RuntimeError(f"{nbr.numel():,} sampled neighbours in one hop of a "
                            f"{lookup.numel():,}-node graph overflow the lookup's "
                            f"{lookup.dtype}; sample smaller batches.")
-    return torch.arange(base, base + nbr.numel(), dtype=lookup.dtype, device=nbr.device)
+    offer = torch.arange(base, base + nbr.numel(), dtype=lookup.dtype, device=nbr.device)
+    lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
+    return lookup.index_select(0, nbr), offer
 
 
 class JointIds:
@@ -98,9 +101,7 @@ class JointIds:
         self._touched = (t, nbr)
         first_id = self.count[t]
         base = max(lookup.numel(), first_id)
-        offer = _offers(base, nbr, lookup)
-        lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
-        seen = lookup.index_select(0, nbr)
+        seen, offer = _claim(base, nbr, lookup)
         first = seen == offer
         # A new node's entry holds its first position's offer, a known one its local id; the
         # k-th first position (in order) takes id first_id + k, as number() gives it.

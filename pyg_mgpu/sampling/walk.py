@@ -5,7 +5,8 @@ edge type): at hop ``i``, for every edge type ``(src, rel, dst)`` in the graph's
 ``dst`` node reached in the previous hop (the seeds, at the first hop) draws
 ``fanouts[edge_type][i]`` of its in-edges of that type (:func:`~.draws.plan_hop`, then
 :func:`~.draws.draw_hop`); the sources not yet in the batch join the ``src`` nodes, in order of
-first appearance across the hop's edge types, and are the ``src`` frontier of the next hop. The modes are parameters of the same loop:
+first appearance across the hop's edge types, and are the ``src`` frontier of the next hop.
+The modes are parameters of the same loop:
 
 - joint or disjoint trees: the numbering (:mod:`~pyg_mgpu.sampling.numbering`);
 - temporal: each tree's time bounds the edges its nodes may draw

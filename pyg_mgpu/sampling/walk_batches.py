@@ -11,7 +11,6 @@ from typing import Callable, Optional
 
 import torch
 from torch import Tensor
-from torch_geometric.sampler.base import SubgraphType
 
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
@@ -81,8 +80,7 @@ def check_sample_batches(sample_batches: int, distributed: bool, sampler) -> int
     if not distributed:
         raise ValueError(f"sample_batches={sample_batches} needs distributed=True (its epochs "
                          "are what batches are grouped into walks by).")
-    if not isinstance(sampler, NeighborSampler) or sampler.is_hetero or sampler.is_temporal \
-            or sampler.subgraph_type == SubgraphType.induced:
+    if not isinstance(sampler, NeighborSampler) or not sampler.samples_batches_together:
         raise ValueError(f"sample_batches={sample_batches} walks pyg_mgpu's NeighborSampler over "
                          "a homogeneous graph, without time_attr or subgraph_type='induced'; "
                          "use sample_batches=1 here.")
