@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 _counting = False
+_on_host = False  # inside host_work: the ops run on host tensors, whatever the path
 _read_hooks: list[Callable[[], None]] = []  # told of every host_ints read (step counting)
 
 
@@ -31,6 +32,23 @@ def counting_gpu_path() -> Iterator[None]:
         yield
     finally:
         _counting = before
+
+
+@contextlib.contextmanager
+def host_work() -> Iterator[None]:
+    """Marks ops that run on host tensors on a GPU too (work the host does before it copies
+    the result over): they launch no kernel, and the step counter leaves them out."""
+    global _on_host
+    before, _on_host = _on_host, True
+    try:
+        yield
+    finally:
+        _on_host = before
+
+
+def on_host() -> bool:
+    """Whether the current ops are :func:`host_work`."""
+    return _on_host
 
 
 def host_ints(values: Tensor) -> list[int]:
@@ -72,3 +90,24 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> 
     if torch.device(device).type != "cuda" or tensor.is_cuda:
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+_IOTA: dict = {}  # device -> 0, 1, 2, ... (int64), grown as needed
+
+
+def iota(size: int, device: torch.device) -> Tensor:
+    """``torch.arange(size)`` on ``device`` as a view of one kept tensor: no kernel per call.
+
+    The kept tensor only grows, so a view handed out stays valid; on a GPU it is made after
+    every queued kernel has finished, so that a stream other than the one that made it (the
+    loader's) never reads it unwritten.
+    """
+    device = torch.device(device)
+    kept = _IOTA.get(device)
+    if kept is None or kept.numel() < size:
+        kept = torch.arange(max(size, 2 * (0 if kept is None else kept.numel()), 1024),
+                            device=device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        _IOTA[device] = kept
+    return kept[:size]

@@ -181,7 +181,7 @@ def _sage_layer_ours_and_pygs(bf16: bool):
         x = torch.randn(300, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             if ours:
-                out = sage_layer(conv, x, x[:100], ptr, src)
+                out = sage_layer(conv, x, 100, ptr, src)
             else:
                 out = conv((x, x[:100]), torch.stack([src, dst]), size=(300, 100))
         out.float().square().sum().backward()
@@ -209,17 +209,25 @@ def test_sage_layer_equals_pyg_sageconv_under_bf16_autocast_with_gradients():
         assert (a - b).norm() <= 0.02 * b.norm()
 
 
-def test_mean_aggregation_takes_the_gradients_type_whatever_the_callers_weights():
-    # Under CUDA's autocast the gradient can arrive in another type than the caller made 1/deg
-    # in (--amp bf16 failed so on a GPU). The backward then makes its own in the gradient's type.
-    from pyg_mgpu.nn.sage import edge_destinations, inverse_degree, mean_aggregate
+def test_mean_aggregation_gradient_whether_or_not_the_caller_gives_destinations_and_degrees():
+    # The trimmed model hands every layer the batch's degrees, more rows than a layer has; the
+    # backward then divides only the layer's own gradient rows. Both ways give PyG's mean's
+    # gradient (scatter_mean's backward), and the root rows' gradient lands in the same rows.
+    from torch_geometric.utils import scatter
+    from pyg_mgpu.nn.sage import edge_destinations, mean_aggregate
     gen = torch.Generator().manual_seed(0)
     ptr = torch.tensor([0, 3, 3, 7, 12])
     src = torch.randint(9, (12,), generator=gen)
     dst = edge_destinations(ptr, src.numel())
     grads = []
-    for weight in (None, inverse_degree(ptr, torch.bfloat16).index_select(0, dst)):
+    for given in (None, (dst, torch.tensor([3, 0, 4, 5, 2, 7]))):
         x = torch.randn(9, 5, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        mean_aggregate(x, ptr, src, dst, weight).mul(torch.arange(20.).view(4, 5)).sum().backward()
+        agg, root = mean_aggregate(x, ptr, src, *(given or (None, None)), num_root=4)
+        (agg + root).mul(torch.arange(20.).view(4, 5)).sum().backward()
         grads.append(x.grad)
+    x = torch.randn(9, 5, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    expected = scatter(x[src], dst, dim=0, dim_size=4, reduce="mean") + x[:4]
+    expected.mul(torch.arange(20.).view(4, 5)).sum().backward()
+    torch.testing.assert_close(grads[0], x.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+    assert grads[0][4:].abs().sum() > 0 and grads[0][:4].abs().sum() > 0

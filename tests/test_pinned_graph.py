@@ -74,14 +74,13 @@ def test_view_refuses_what_it_cannot_map():
         pinned.device_view(torch.randn(4, 4).t(), torch.device("cuda", 0), FakeRuntime())
 
 
-def test_graph_tensors_are_views_and_splits_are_copied(monkeypatch):
+def test_graph_tensors_are_views(monkeypatch):
     viewed = []
     monkeypatch.setattr(pinned, "device_view",
                         lambda t, device, runtime=None: viewed.append(t) or t)
-    tensors = {"colptr": torch.arange(5), "x": torch.randn(4, 2), "train_idx": torch.arange(2)}
-    out = pinned.pinned_graph_tensors(tensors, torch.device("cpu"), small={"train_idx"})
+    tensors = {"colptr": torch.arange(5), "x": torch.randn(4, 2)}
+    pinned.pinned_graph_tensors(tensors, torch.device("cpu"))
     assert [id(t) for t in viewed] == [id(tensors["colptr"]), id(tensors["x"])]
-    assert torch.equal(out["train_idx"], tensors["train_idx"])
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -102,15 +101,20 @@ def test_a_gpu_rank_with_graph_on_host_gets_the_views(monkeypatch):
                                          num_classes=3), 0)
     asked = {}
 
-    def views(tensors, device, small=None):
-        asked.update(device=device, small=small, names=set(tensors))
+    def views(tensors, device):
+        asked.update(device=device, names=set(tensors))
         return dict(tensors)
 
     monkeypatch.setattr(loaders, "pinned_graph_tensors", views)
     placed = loaders.place_graph(graph, torch.device("cuda", 0), "host")
+    splits = {"train_idx", "val_idx", "test_idx"}
     assert asked["device"] == torch.device("cuda", 0)
-    assert asked["names"] == set(graph.tensors())
-    assert asked["small"] == {"train_idx", "val_idx", "test_idx"}
+    assert asked["names"] == set(graph.tensors()) - splits
+    # The split ids and the pointers' original stay on the host, for the loader's seeds and
+    # their first hop.
+    assert all(getattr(placed, name) is getattr(graph, name) for name in splits)
+    assert placed.host_colptr is graph.colptr
+    assert set(placed.tensors()) == set(graph.tensors())
     assert torch.equal(placed.colptr, graph.colptr) and placed.num_classes == graph.num_classes
     # The CPU placement never pins anything.
     assert loaders.place_graph(graph, torch.device("cuda", 0), "cpu") is graph

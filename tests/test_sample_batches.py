@@ -201,22 +201,27 @@ def test_gpu_path_draws_the_cpu_paths_batches(options):
         assert same(a, b)
 
 
-def test_gpu_path_reads_sizes_once_per_hop_and_once_at_the_end():
+@pytest.mark.parametrize("host_pointers", [True, False])
+def test_gpu_path_reads_sizes_once_per_hop(host_pointers):
+    # Seeds on the host and the graph's pointers there too: the first hop is planned on the
+    # host, and the walk reads once at each later hop and once at its end (3 reads for 3
+    # hops). Without the pointers on the host (a user's graph moved to a GPU) the first hop
+    # reads its sizes as well.
     from pyg_mgpu.gpu_path import counting_gpu_path
     sampler = NeighborSampler(random_data(), [6, 4, 2], seed=0)
-    counter = OpCounter()
-    with counting_gpu_path(), counter:
-        sampler.sample(torch.arange(50))
-    sampling = counter.costs[STAGES[0]]
-    assert sampling.syncs == 3 + 1, sampling.sync_ops  # 3 hops, and the last hop's new nodes
-    assert set(sampling.sync_ops) == {"host read"}
-    # Four batches in one walk: every batch's counts come with the walk's last read.
-    counter = OpCounter()
-    with counting_gpu_path(), counter:
-        sampler.sample_batches([torch.arange(50), torch.arange(20, 90), torch.arange(5),
-                                torch.arange(100, 160)])
-    sampling = counter.costs[STAGES[0]]
-    assert sampling.syncs == 3 + 1, sampling.sync_ops
+    if not host_pointers:
+        sampler.graph.host_colptr = {}
+    reads = 3 if host_pointers else 4
+    for seeds in ([torch.arange(50)],
+                  [torch.arange(50), torch.arange(20, 90), torch.arange(5),
+                   torch.arange(100, 160)]):
+        counter = OpCounter()
+        with counting_gpu_path(), counter:
+            # Four batches in one walk: every batch's counts come with the walk's last read.
+            sampler.sample(seeds[0]) if len(seeds) == 1 else sampler.sample_batches(seeds)
+        sampling = counter.costs[STAGES[0]]
+        assert sampling.syncs == reads, sampling.sync_ops
+        assert set(sampling.sync_ops) == {"host read"}
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -229,3 +234,22 @@ def test_cli_refuses_walks_it_cannot_take(capfd, flags, message):
     from pyg_mgpu.distributed_sampling import main
     assert main(flags) == 2
     assert message in capfd.readouterr().err
+
+
+def test_first_hop_planned_on_the_host_gives_the_same_batches():
+    # The plan made on the host from its copy of the pointers, and the one made on the device,
+    # draw the same batches from the same generator state, one or several per walk.
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    seeds = [torch.arange(50), torch.arange(20, 90), torch.arange(5), torch.arange(100, 160)]
+    outputs = []
+    for host_pointers in (True, False):
+        sampler = NeighborSampler(random_data(), [6, 4, 2], seed=0)
+        if not host_pointers:
+            sampler.graph.host_colptr = {}
+        with counting_gpu_path():
+            outputs.append([sampler.sample(seeds[0]), *sampler.sample_batches(seeds)])
+    for a, b in zip(*outputs):
+        for name in ("node", "row", "col", "edge"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert a.num_sampled_nodes == b.num_sampled_nodes
+        assert a.num_sampled_edges == b.num_sampled_edges

@@ -33,12 +33,16 @@ class CSC:
         perm: ``[E]`` the caller's edge id (column of ``edge_index``) at each CSC position, or
             None when ``edge_index`` was already sorted by destination (ids are positions).
         edge_index: The ``edge_index`` this was built from (the cache's key), or None.
+        host_colptr: ``colptr`` in host memory, where ``colptr`` is a GPU's (a copy or a view
+            of this host original), or None: the sampler's first hop plans there, from seeds
+            the host holds, without waiting for the GPU.
     """
 
     colptr: Tensor
     row: Tensor
     perm: Optional[Tensor] = None
     edge_index: Optional[Tensor] = None
+    host_colptr: Optional[Tensor] = None
 
     @property
     def num_nodes(self) -> int:

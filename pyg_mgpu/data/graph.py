@@ -124,6 +124,8 @@ class ConvertedGraph(TrainingGraph):
         num_classes: Number of label classes.
         mapped: The tensors that are mapped files of the graph cache, by attribute name (see
             :mod:`pyg_mgpu.data.cache`): ranks map the same files instead of receiving copies.
+        host_colptr: On a graph placed on a GPU, ``colptr``'s host original (not one of
+            :meth:`tensors`), which the samplers plan their first hop from.
     """
 
     is_hetero = False
@@ -137,6 +139,7 @@ class ConvertedGraph(TrainingGraph):
     test_idx: Tensor
     num_classes: int
     mapped: dict[str, MappedFile] = field(default_factory=dict, repr=False, compare=False)
+    host_colptr: Optional[Tensor] = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         # A mapped tensor travels to another process as its file, which the receiver maps
@@ -165,7 +168,7 @@ class ConvertedGraph(TrainingGraph):
 
     def tensors(self) -> dict[str, Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if isinstance(getattr(self, f.name), Tensor)}
+                if isinstance(getattr(self, f.name), Tensor) and f.name != "host_colptr"}
 
     def nbytes(self) -> int:
         """Bytes held by all tensors: the size of one copy of the dataset."""
@@ -237,7 +240,8 @@ class ConvertedGraph(TrainingGraph):
         data = Data(y=self.y, edge_index=slot, num_nodes=self.num_nodes)
         if with_features:
             data.x = self.x
-        return attach_csc(data, CSC(self.colptr, self.row, perm=None, edge_index=slot))
+        return attach_csc(data, CSC(self.colptr, self.row, perm=None, edge_index=slot,
+                                    host_colptr=self.host_colptr))
 
     def loader_nodes(self, nodes: Tensor) -> Tensor:
         return nodes

@@ -14,7 +14,7 @@ address is its host address, which is what the views are made from.
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -94,12 +94,10 @@ def device_view(tensor: Tensor, device: torch.device, runtime: Any = None) -> Te
 
 
 def pinned_graph_tensors(tensors: dict[str, Tensor], device: torch.device,
-                         small: Optional[set] = None, runtime: Any = None) -> dict[str, Tensor]:
-    """The graph's tensors for a GPU rank that reads the shared host copy: device views of
-    each, except the ``small`` ones (split ids), which are copied to the GPU."""
-    small = small or set()
-    return {name: t.to(device) if name in small else device_view(t, device, runtime)
-            for name, t in tensors.items()}
+                         runtime: Any = None) -> dict[str, Tensor]:
+    """The graph's tensors for a GPU rank that reads the shared host copy: a device view of
+    each."""
+    return {name: device_view(t, device, runtime) for name, t in tensors.items()}
 
 
 def pinned_data(data: Data, device: torch.device, runtime: Any = None) -> Data:
@@ -139,4 +137,4 @@ def pinned_data(data: Data, device: torch.device, runtime: Any = None) -> Data:
     edge_index = out.get("edge_index")
     return attach_csc(out, CSC(view(csc.colptr), view(csc.row),
                                None if csc.perm is None else view(csc.perm),
-                               edge_index=edge_index))
+                               edge_index=edge_index, host_colptr=csc.colptr))

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import SAGEConv
 
-from pyg_mgpu.gpu_path import takes_gpu_path
+from pyg_mgpu.gpu_path import iota, takes_gpu_path
 
 
 def _random_bytes(count: int, device: torch.device) -> Tensor:
@@ -102,53 +102,56 @@ def relu_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 
 
 class _MeanAggregate(torch.autograd.Function):
-    """Neighbour means by ``embedding_bag``, forward and backward.
+    """Neighbour means by ``embedding_bag``, forward and backward, and the layer's own rows.
 
     Forward: ``embedding_bag(mode="mean")`` reads each neighbour row once and writes only the
     means (fbgemm's kernels on CPU). Backward: source ``u`` receives ``grad[v] / deg(v)`` from
-    each destination ``v`` it feeds, a weighted-sum bag per source over the edges regrouped by
-    source. Against ``torch.sparse`` CSR products (``spmm(reduce="mean")``), one thread,
-    caches flushed: layer 1 of a [25, 10] batch (143k edges, 128 features) 12.3 -> 7.0 ms in
-    fp32 and 11.8 -> 3.7 ms in bf16; layer 2's forward plus backward (17k edges, 256 features)
-    6.4 -> 5.3 ms in fp32 and 5.1 -> 4.2 ms in bf16, where embedding_bag's own backward took
-    6.6 and 5.7 ms.
+    each destination ``v`` it feeds, a sum bag per source over the edges regrouped by source.
+    Against ``torch.sparse`` CSR products (``spmm(reduce="mean")``), one thread, caches
+    flushed: layer 1 of a [25, 10] batch (143k edges, 128 features) 12.3 -> 7.0 ms in fp32 and
+    11.8 -> 3.7 ms in bf16; layer 2's forward plus backward (17k edges, 256 features) 6.4 ->
+    5.3 ms in fp32 and 5.1 -> 4.2 ms in bf16, where embedding_bag's own backward took 6.6 and
+    5.7 ms.
 
-    ``dst`` (each edge's destination) and ``weight`` (``1 / deg`` of it, in the gradient's
-    type) may come from the caller, which computes them once for every layer of a batch: the
-    backward then only regroups the edges.
+    The second output is the first ``num_root`` rows of ``x_src`` (the destinations' own rows,
+    a view): their gradient is added into the aggregation's in place, where slicing outside
+    would make a zero-filled copy and a sum of the two.
+
+    ``dst`` (each edge's destination) and ``deg`` (each destination's edge count) may come
+    from the caller, which finds them once for every layer of a batch.
     """
 
     @staticmethod
     def forward(ctx, x_src: Tensor, ptr: Tensor, src: Tensor, dst: Optional[Tensor],
-                weight: Optional[Tensor]) -> Tensor:
-        ctx.save_for_backward(ptr, src, dst, weight)
+                deg: Optional[Tensor], num_root: int) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(ptr, src, dst, deg)
         ctx.num_src = x_src.size(0)
         device_type = x_src.device.type
-        if torch.is_autocast_enabled(device_type):
-            # The means in the input's own type on every device (CPU autocast leaves
-            # embedding_bag alone; the gradient then comes back in the type of the weights
-            # the caller made from the input's): no cast of the gathered rows.
-            with torch.autocast(device_type, enabled=False):
-                return F.embedding_bag(src, x_src, ptr[:-1], mode="mean")
-        return F.embedding_bag(src, x_src, ptr[:-1], mode="mean")
+        # Under autocast the means stay in the input's own type on every device (CPU autocast
+        # leaves embedding_bag alone): no cast of the gathered rows.
+        with torch.autocast(device_type, enabled=False):
+            agg = F.embedding_bag(src, x_src, ptr[:-1], mode="mean")
+        return agg, x_src[:num_root]
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
-        ptr, src, dst, weight = ctx.saved_tensors
-        if dst is None or weight is None:
-            dst, weight = edge_destinations(ptr, src.numel()), None
-        # The caller's weights are in its input's type; should the gradient's differ (an
-        # autocast that changed the output's type), embedding_bag needs them in the gradient's.
-        if weight is None or weight.dtype != grad.dtype:
-            weight = inverse_degree(ptr, grad.dtype).index_select(0, dst)
-        by_source = torch.argsort(src, stable=True)
-        sorted_src = src.index_select(0, by_source)
-        src_ptr = torch.searchsorted(sorted_src, torch.arange(ctx.num_src + 1,
-                                                              device=src.device))
-        grad_src = F.embedding_bag(dst.index_select(0, by_source), grad, src_ptr[:-1],
-                                   mode="sum",
-                                   per_sample_weights=weight.index_select(0, by_source))
-        return grad_src, None, None, None, None
+    def backward(ctx, grad: Optional[Tensor], grad_root: Optional[Tensor]):
+        ptr, src, dst, deg = ctx.saved_tensors
+        grad_src = None
+        if grad is not None:
+            if dst is None or deg is None:
+                dst, deg = edge_destinations(ptr, src.numel()), ptr.diff()
+            sorted_src, by_source = torch.sort(src, stable=True)
+            src_ptr = torch.searchsorted(sorted_src, iota(ctx.num_src + 1, src.device))
+            # A destination without edges divides by 0, but no edge reads its row.
+            grad_src = F.embedding_bag(dst.index_select(0, by_source),
+                                       grad / deg[:grad.size(0)].unsqueeze(1),
+                                       src_ptr[:-1], mode="sum")
+        if grad_root is not None:
+            if grad_src is None:
+                grad_src = grad_root.new_zeros(ctx.num_src, grad_root.size(1))
+            grad_src[:grad_root.size(0)].add_(grad_root)
+        return grad_src, None, None, None, None, None
 
 
 def edge_destinations(ptr: Tensor, num_edges: int) -> Tensor:
@@ -158,36 +161,32 @@ def edge_destinations(ptr: Tensor, num_edges: int) -> Tensor:
                                    output_size=num_edges)
 
 
-def inverse_degree(ptr: Tensor, dtype: torch.dtype) -> Tensor:
-    """``1 / deg`` of each destination of CSR pointers ``ptr`` (1 where it has no edge)."""
-    return torch.reciprocal(ptr.diff().clamp_(min=1).to(dtype))
-
-
 # Runs eagerly under torch.compile: on CUDA, inductor's code for this function's graph (its
 # argsort moved into the forward) raised a device-side assert (H100, torch 2.11, 2026-11-25);
 # its kernels are library calls (embedding_bag, sort, searchsorted) that compiling cannot fuse.
 @torch.compiler.disable
 def mean_aggregate(x_src: Tensor, ptr: Tensor, src: Tensor, dst: Optional[Tensor] = None,
-                   weight: Optional[Tensor] = None) -> Tensor:
-    """Row ``i``: the mean of ``x_src[src[ptr[i]:ptr[i + 1]]]`` (zeros where that is empty).
-    ``dst``, ``weight``: each edge's destination and ``1 / deg`` of it in the gradient's type,
-    if the caller has them (found otherwise)."""
-    return _MeanAggregate.apply(x_src, ptr, src, dst, weight)
+                   deg: Optional[Tensor] = None, num_root: int = 0) -> tuple[Tensor, Tensor]:
+    """Row ``i``: the mean of ``x_src[src[ptr[i]:ptr[i + 1]]]`` (zeros where that is empty),
+    and ``x_src[:num_root]``. ``dst``, ``deg``: each edge's destination and each
+    destination's edge count (at least as many rows as ``ptr`` has), if the caller has them
+    (found otherwise)."""
+    return _MeanAggregate.apply(x_src, ptr, src, dst, deg, num_root)
 
 
-def sage_layer(conv: SAGEConv, x_src: Tensor, x_dst: Tensor, ptr: Tensor, src: Tensor,
-               dst: Optional[Tensor] = None, weight: Optional[Tensor] = None) -> Tensor:
-    """PyG's ``SAGEConv(aggr="mean")`` forward with its own parameters, for destination ``i``
-    fed by the sources ``src[ptr[i]:ptr[i + 1]]`` (CSR pointers over ``x_dst``'s rows);
-    ``dst``, ``weight`` as :func:`mean_aggregate` takes them.
+def sage_layer(conv: SAGEConv, x: Tensor, num_dst: int, ptr: Tensor, src: Tensor,
+               dst: Optional[Tensor] = None, deg: Optional[Tensor] = None) -> Tensor:
+    """PyG's ``SAGEConv(aggr="mean")`` forward with its own parameters, for destinations
+    ``x[:num_dst]``, destination ``i`` fed by the sources ``src[ptr[i]:ptr[i + 1]]`` (rows of
+    ``x``); ``dst``, ``deg`` as :func:`mean_aggregate` takes them.
 
     Only for the defaults :class:`GraphSAGE` builds (no ``normalize``, ``project`` or
-    ``root_weight=False``); the result equals ``conv((x_src, x_dst), edge_index)`` (tested).
+    ``root_weight=False``); the result equals ``conv((x, x[:num_dst]), edge_index)`` (tested).
 
     ``lin_l(mean of neighbours) + lin_r(x_dst)`` as one matmul plus one accumulating matmul:
     PyG's version also allocates and adds the two products (a full extra pass over the layer).
     """
-    agg = mean_aggregate(x_src, ptr, src, dst, weight)
+    agg, x_dst = mean_aggregate(x, ptr, src, dst, deg, num_dst)
     out = F.linear(agg, conv.lin_l.weight, conv.lin_l.bias)
     # In-place matmul is outside autocast: cast its operands to the output's dtype by hand.
     return out.addmm_(x_dst.to(out.dtype), conv.lin_r.weight.t().to(out.dtype))
@@ -242,24 +241,17 @@ class GraphSAGE(nn.Module):
             if self.sparse_aggregation:
                 dst_ptr = _dst_pointers(edge_index[1], nodes_upto[-2])
                 # Every layer's edges are a prefix of the batch's, and a destination's edges
-                # all lie in the prefix of each layer it is in: one 1/deg per edge serves all
-                # layers' backward passes (per gradient type, made when first needed).
-                edge_weights: dict = {}
-
-                def edge_weight(dtype: torch.dtype) -> Tensor:
-                    if dtype not in edge_weights:
-                        edge_weights[dtype] = inverse_degree(dst_ptr, dtype).index_select(
-                            0, edge_index[1])
-                    return edge_weights[dtype]
+                # all lie in the prefix of each layer it is in: one degree per destination
+                # serves all layers' backward passes.
+                deg = dst_ptr.diff()
         for i, conv in enumerate(self.convs):
             if trim:
                 hops_left = self.num_layers - i  # hops of input this layer still consumes
                 num_dst = nodes_upto[hops_left - 1]
                 num_edges = edges_upto[hops_left - 1]
                 if self.sparse_aggregation:
-                    x = sage_layer(conv, x, x[:num_dst], dst_ptr[:num_dst + 1],
-                                   edge_index[0, :num_edges], edge_index[1, :num_edges],
-                                   edge_weight(x.dtype)[:num_edges])
+                    x = sage_layer(conv, x, num_dst, dst_ptr[:num_dst + 1],
+                                   edge_index[0, :num_edges], edge_index[1, :num_edges], deg)
                 else:
                     x = conv((x, x[:num_dst]), edge_index[:, :num_edges],
                              size=(x.size(0), num_dst))
@@ -286,7 +278,7 @@ def _dst_pointers(col: Tensor, num_dst: int, without_sync: Optional[bool] = None
     if without_sync is None:
         without_sync = takes_gpu_path(col)
     if without_sync:
-        return torch.searchsorted(col, torch.arange(num_dst + 1, device=col.device))
+        return torch.searchsorted(col, iota(num_dst + 1, col.device))
     ptr = torch.zeros(num_dst + 1, dtype=torch.long, device=col.device)
     torch.cumsum(torch.bincount(col, minlength=num_dst), 0, out=ptr[1:])
     return ptr

@@ -28,7 +28,7 @@ from pyg_mgpu.sampling.weighted import EdgeWeights, weighted_without_replacement
 class HopPlan(NamedTuple):
     """One hop's draws over a frontier before any is made: per frontier position its first
     in-edge (``start``), degree, edges to keep (``count``), and whether it draws at random
-    (``drawn``), and the ``fanout``; :attr:`sizes` are what the draws need the host to know."""
+    (``drawn``: bool, or 0 and 1), and the ``fanout``; :attr:`sizes` are what the draws need the host to know."""
 
     start: Tensor
     deg: Tensor

@@ -12,6 +12,7 @@ ran out); every input node is seen exactly once per epoch across ranks, none dro
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -23,6 +24,7 @@ from torch_geometric.loader.utils import get_input_nodes
 from torch.utils.data import DataLoader
 
 from pyg_mgpu.data.csc import drop_cached_csc
+from pyg_mgpu.gpu_path import host_work
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
 from pyg_mgpu.sampling.walk_batches import Batches, WalkBatches, check_sample_batches
@@ -195,7 +197,9 @@ class NeighborLoader(PyGNeighborLoader):
     def collate_fn(self, index):
         if self.sample_batches == 1:
             return super().collate_fn(index)
-        inputs = [self.input_data[batch] for batch in index]  # one walk's batches
+        # One walk's batches; seeds held by the host are sliced there (no kernel on a GPU).
+        with host_work() if not self.input_data.node.is_cuda else contextlib.nullcontext():
+            inputs = [self.input_data[batch] for batch in index]
         outs = self.node_sampler.sample_batches([inputs.node for inputs in inputs])
         for out, seeds in zip(outs, inputs):
             out.metadata = (seeds.input_id, seeds.time)  # as PyG's sampler sets it

@@ -35,11 +35,11 @@ from torch_geometric.sampler import (EdgeSamplerInput, HeteroSamplerOutput, Nega
                                      NodeSamplerInput, SamplerOutput)
 from torch_geometric.sampler.base import DataType, SubgraphType
 
-from pyg_mgpu.gpu_path import to_device
+from pyg_mgpu.gpu_path import host_work, iota, takes_gpu_path, to_device
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
 from pyg_mgpu.sampling.batches import BatchCounts, split_batches
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
-from pyg_mgpu.sampling.walk import walk
+from pyg_mgpu.sampling.walk import plan_on_host, walk
 
 
 class NeighborSampler(PyGNeighborSampler):
@@ -242,10 +242,13 @@ class NeighborSampler(PyGNeighborSampler):
                              "time_attr (the node or edge timestamps) for temporal sampling.")
         self._reseed_in_worker()
         if not self.is_hetero:
+            first_hop = None
+            if self._plans_on_host(seed):
+                (seed,), first_hop = self._first_hop(seed)
             seed = to_device(seed, self.device)
             tree_time = (temporal.seed_times(seed, seed_time, self.node_time)
                          if self.is_temporal else None)
-            out = self._walk({NODE: seed}, {EDGE: self.fanouts}, tree_time)
+            out = self._walk({NODE: seed}, {EDGE: self.fanouts}, tree_time, first_hop)
             return self._homogeneous(out)
         unknown = sorted(set(seed) - set(self.node_types))
         if unknown:
@@ -270,24 +273,33 @@ class NeighborSampler(PyGNeighborSampler):
                                       "each batch instead.")
         start = time.perf_counter()
         self._reseed_in_worker()
-        seeds = [to_device(s, self.device) for s in seeds]
-        sizes = to_device([s.numel() for s in seeds], self.device)
-        seed = torch.cat(seeds) if seeds else torch.empty(0, dtype=torch.long,
-                                                          device=self.device)
-        seed_batch = torch.repeat_interleave(torch.arange(len(seeds), device=self.device),
-                                             sizes, output_size=seed.numel())
+        first_hop = None
+        if not self.disjoint and seeds and all(self._plans_on_host(s) for s in seeds):
+            # The seeds, their batches and their first hop's plan made on the host, and sent
+            # over in one copy.
+            with host_work():
+                seed = torch.cat(seeds)
+                seed_batch = torch.repeat_interleave(
+                    torch.arange(len(seeds)), torch.tensor([s.numel() for s in seeds]))
+            (seed, seed_batch), first_hop = self._first_hop(seed, seed_batch)
+        else:
+            seeds = [to_device(s, self.device) for s in seeds]
+            sizes = to_device([s.numel() for s in seeds], self.device)
+            seed = torch.cat(seeds) if seeds else torch.empty(0, dtype=torch.long,
+                                                              device=self.device)
+            seed_batch = torch.repeat_interleave(torch.arange(len(seeds), device=self.device),
+                                                 sizes, output_size=seed.numel())
         # Joint batches: each numbered apart, their counts read with the walk's last read on
         # the GPU's path. Disjoint ones: a tree per seed, as alone.
         counts = None if self.disjoint else BatchCounts(len(seeds), len(self.fanouts))
         out = walk(self.graph, {NODE: seed}, {EDGE: self.fanouts}, replace=self.replace,
                    generator=self.generator, disjoint=self.disjoint,
                    seed_batch=None if self.disjoint else {NODE: seed_batch},
-                   num_batches=len(seeds), last_read=counts)
+                   num_batches=len(seeds), last_read=counts, first_hop=first_hop)
         batches = split_batches(
             out.node[NODE], out.batch[NODE], out.row[EDGE], out.col[EDGE], out.edge[EDGE],
             out.num_sampled_nodes[NODE], out.num_sampled_edges[EDGE],
-            tree_batch=seed_batch if self.disjoint else torch.arange(len(seeds),
-                                                                      device=self.device),
+            tree_batch=seed_batch if self.disjoint else iota(len(seeds), self.device),
             num_batches=len(seeds),
             tree_offset=torch.cumsum(sizes, 0) - sizes if self.disjoint else None,
             counts=None if counts is None else counts.values)
@@ -298,11 +310,26 @@ class NeighborSampler(PyGNeighborSampler):
         self.busy_s += time.perf_counter() - start
         return batches
 
-    def _walk(self, seed: dict, fanouts: dict,
-              tree_time: Optional[Tensor]) -> HeteroSamplerOutput:
+    def _walk(self, seed: dict, fanouts: dict, tree_time: Optional[Tensor],
+              first_hop: Optional[dict] = None) -> HeteroSamplerOutput:
         return walk(self.graph, seed, fanouts, replace=self.replace, generator=self.generator,
                     disjoint=self.disjoint, induced=self.subgraph_type == SubgraphType.induced,
-                    tree_time=tree_time, strategy=self.temporal_strategy)
+                    tree_time=tree_time, strategy=self.temporal_strategy, first_hop=first_hop)
+
+    def _plans_on_host(self, seed) -> bool:
+        """Whether the first hop from ``seed`` is planned on the host (:func:`plan_on_host`):
+        on the GPU's path, where the host holds the seeds and the graph's pointers, and the
+        hop draws from whole runs (not temporal)."""
+        host_colptr = self.graph.host_colptr.get(EDGE)
+        return (isinstance(seed, Tensor) and not seed.is_cuda and host_colptr is not None
+                and not self.is_temporal and takes_gpu_path(self.graph.csc[EDGE].colptr))
+
+    def _first_hop(self, seed: Tensor, *rows: Tensor) -> tuple[Tensor, dict]:
+        """``seed`` and ``rows`` on the device, and the walk's ``first_hop``."""
+        stacked, planned = plan_on_host(self.graph.host_colptr[EDGE], seed.long(),
+                                        int(self.fanouts[0]), *rows, replace=self.replace,
+                                        device=self.device)
+        return stacked, {EDGE: planned}
 
     def _homogeneous(self, out: HeteroSamplerOutput) -> SamplerOutput:
         """The one node and edge type's output as PyG's ``SamplerOutput``, in the graph's

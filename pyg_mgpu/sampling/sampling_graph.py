@@ -63,6 +63,10 @@ class SamplingGraph:
         self.offset_type = {et: torch.int32 if c.row.numel() < 2**31 else torch.int64
                             for et, c in self.csc.items()}
         self.lookup_type = {t: lookup_type(n) for t, n in num_nodes.items()}
+        # The pointers where the host reads them (None where it cannot): on a GPU, the walk's
+        # first hop is planned there from seeds on the host (NeighborSampler.first_hop).
+        self.host_colptr = {walked: c.colptr if not c.colptr.is_cuda else c.host_colptr
+                            for walked, c in self.csc.items()}
         self.lookups: dict = {}  # (node type, copies) -> scratch; per process, never pickled
 
     @property

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import HeteroSamplerOutput
 
-from pyg_mgpu.gpu_path import host_ints, positions_of, takes_gpu_path
+from pyg_mgpu.gpu_path import host_ints, host_work, positions_of, takes_gpu_path, to_device
 from pyg_mgpu.sampling import temporal
 from pyg_mgpu.sampling.draws import HopPlan, draw_hop, plan_hop
 from pyg_mgpu.sampling.induced import induced_edges
@@ -35,7 +35,7 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
          generator: torch.Generator, disjoint: bool = False, induced: bool = False,
          tree_time: Optional[Tensor] = None, strategy: str = "uniform",
          seed_batch: Optional[dict] = None, num_batches: int = 1,
-         last_read=None) -> HeteroSamplerOutput:
+         last_read=None, first_hop: Optional[dict] = None) -> HeteroSamplerOutput:
     """The batch around ``seed`` (int64 node ids per type, on the graph's device).
 
     Args:
@@ -50,6 +50,9 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
             (``request(trees, pending, cols, num_sampled_nodes, num_sampled_edges)`` gives
             them as a tensor, before the last hop's new nodes are counted; their values land
             in its ``values``): :class:`~.batches.BatchCounts`.
+        first_hop: Per edge type, its first hop's plan and sizes, made by the caller
+            (``(plan or None, num_edges, num_drawing)``: :func:`plan_on_host`); the hop then
+            reads nothing from the device.
 
     Returns:
         PyG's ``HeteroSamplerOutput`` keyed by the graph's own edge types: ``row`` int64.
@@ -110,12 +113,15 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
             frontier[t] = Frontier(s, tree, 0)
             num_sampled_nodes[t].append(s.numel())
         for hop in range(num_hops):
-            plans = {et: _plan(graph, et, frontier[et[2]], int(fanouts[et][hop]),
-                               replace=replace, tree_time=tree_time, strategy=strategy)
+            given = first_hop if hop == 0 and first_hop is not None else {}
+            plans = {et: given[et][0] if et in given else
+                     _plan(graph, et, frontier[et[2]], int(fanouts[et][hop]), replace=replace,
+                           tree_time=tree_time, strategy=strategy)
                      for et in edge_types}
-            # The GPU's one read per hop: its draws' sizes, and the previous hop's new-node
-            # counts. (The CPU's ops find the sizes themselves.)
-            sizes = [plan.sizes for plan in plans.values() if plan is not None] if gpu else []
+            # The GPU's one read per hop: its draws' sizes (unless the caller planned them),
+            # and the previous hop's new-node counts. (The CPU's ops find the sizes themselves.)
+            sizes = [plan.sizes for et, plan in plans.items()
+                     if plan is not None and et not in given] if gpu else []
             sizes += [first.sum().view(1) for _, _, first in pending.values()]
             sizes = host_ints(torch.cat(sizes)) if sizes else []
             if pending:
@@ -128,7 +134,9 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
                     local_dst = edge = empty
                 else:
                     num_edges = num_drawing = None
-                    if gpu:
+                    if et in given:
+                        num_edges, num_drawing = given[et][1:]
+                    elif gpu:
                         num_edges, num_drawing, sizes = sizes[0], sizes[1], sizes[2:]
                     local_dst, edge = draw_hop(
                         plan, num_edges, num_drawing, replace=replace,
@@ -202,6 +210,29 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
         num_sampled_nodes=num_sampled_nodes,
         num_sampled_edges=(None if num_sampled_edges is None else
                            {restore[et]: v for et, v in num_sampled_edges.items()}))
+
+
+def plan_on_host(host_colptr: Tensor, seed: Tensor, fanout: int, *rows: Tensor,
+                 replace: bool, device: torch.device) -> tuple[Tensor, tuple]:
+    """The first hop's plan for ``seed`` (host ids), made on the host from the pointers'
+    host copy and sent to ``device`` in one copy with ``rows`` (host tensors as long as
+    ``seed``): ``(stacked, plan)``, where ``stacked`` holds ``seed`` and ``rows`` on
+    ``device`` and ``plan`` is ``walk``'s ``first_hop`` entry. The host knows the hop's sizes
+    without waiting for the GPU."""
+    with host_work():
+        plan = plan_hop(host_colptr, seed, fanout, replace=replace) \
+            if fanout != 0 and seed.numel() else None
+        parts = [seed, *rows]
+        if plan is not None:
+            num_edges, num_drawing = plan.sizes.tolist()
+            parts += [plan.start, plan.deg, plan.count, plan.drawn.long()]
+        stacked = torch.stack(parts)
+    stacked = to_device(stacked, device)
+    k = 1 + len(rows)
+    if plan is None:
+        return stacked, (None, 0, 0)
+    start, deg, count, drawn = stacked[k:]
+    return stacked[:k], (HopPlan(start, deg, count, drawn, fanout), num_edges, num_drawing)
 
 
 class Frontier(NamedTuple):

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pyg_mgpu.gpu_path import reading_hook
+from pyg_mgpu.gpu_path import on_host, reading_hook
 
 STAGES = ("sampling", "batch assembly", "forward", "backward", "optimizer", "metrics")
 
@@ -76,8 +76,8 @@ def is_host_sync(name: str, args: tuple, kwargs: dict) -> bool:
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops run inside it by :attr:`stage`. Ops on tensors that live in host
-    memory on a GPU too (``host_only``: data pointers, e.g. the optimizer's step counters)
-    are neither kernels nor waits."""
+    memory on a GPU too (``host_only``: data pointers, e.g. the optimizer's step counters;
+    and :func:`~pyg_mgpu.gpu_path.host_work`) are neither kernels nor waits."""
 
     def __init__(self, host_only: frozenset = frozenset()):
         super().__init__()
@@ -89,9 +89,10 @@ class OpCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func._schema.name  # without the overload: aten::repeat_interleave
         tensors = _tensors(args)
-        on_host = bool(tensors) and all(t.data_ptr() in self.host_only for t in tensors)
+        host = on_host() or (bool(tensors) and
+                             all(t.data_ptr() in self.host_only for t in tensors))
         costs = self.costs[self.stage]
-        if on_host or name.startswith("profiler::"):  # record_function marks launch nothing
+        if host or name.startswith("profiler::"):  # record_function marks launch nothing
             pass
         elif func.is_view or name in _NO_KERNEL_OPS:
             costs.views += 1

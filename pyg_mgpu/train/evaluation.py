@@ -101,7 +101,9 @@ def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, **kwargs) -> 
         out = model(batch.x_dict, batch.edge_index_dict, **kwargs)
         if isinstance(out, dict):
             out = out[seeds._key]
-    return out[:seeds.batch_size]
+    # A trimmed model returns the seeds' rows only: slicing them all would still cost the
+    # backward a zero-filled copy.
+    return out if out.size(0) == seeds.batch_size else out[:seeds.batch_size]
 
 
 @torch.no_grad()

@@ -85,12 +85,17 @@ def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
     where = choose_placement(graph, device, placement, sampler, free_bytes)
     if where == "cpu":
         return graph
+    # The split ids stay on the host, with the pointers' host original: the loader slices its
+    # seeds there and the sampler plans their first hop there, without waiting for the GPU.
+    splits = {"train_idx", "val_idx", "test_idx"}
+    tensors = {name: t for name, t in graph.tensors().items() if name not in splits}
     if where == "host":
-        small = {"train_idx", "val_idx", "test_idx"}
-        moved = pinned_graph_tensors(graph.tensors(), device, small=small)
-        return ConvertedGraph(name=graph.name, num_classes=graph.num_classes, **moved)
-    moved = {name: t.to(device) for name, t in graph.tensors().items()}
-    return ConvertedGraph(name=graph.name, num_classes=graph.num_classes, **moved)
+        moved = pinned_graph_tensors(tensors, device)
+    else:
+        moved = {name: t.to(device) for name, t in tensors.items()}
+    return ConvertedGraph(name=graph.name, num_classes=graph.num_classes, **moved,
+                          **{name: getattr(graph, name) for name in splits},
+                          host_colptr=graph.colptr)
 
 
 def make_feature_cache(graph: ConvertedGraph, device: torch.device,

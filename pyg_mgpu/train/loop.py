@@ -93,59 +93,86 @@ class EpochTotals:
     """This rank's training loss sum, correct predictions, seed count and predictions per class
     for one epoch.
 
-    The sums stay on the batch's device, so a training step never waits for the GPU to read
-    them back. :meth:`compute` sums them over the ranks and divides once. A NaN loss makes the
-    epoch's loss NaN: a diverged run shows. The per-class counts tell a collapsed model, which predicts
-    one class for every seed (:mod:`pyg_mgpu.train.health`).
+    Everything stays on the batch's device, so a training step never waits for the GPU to read
+    it back: each batch adds its loss to a sum and writes its seeds' predictions and hits
+    (prediction == label) into the epoch's buffers, three kernels, and the counts are summed
+    once, when asked. :meth:`compute` sums them over the ranks and divides once. A NaN loss
+    makes the epoch's loss NaN: a diverged run shows. The per-class counts tell a collapsed
+    model, which predicts one class for every seed (:mod:`pyg_mgpu.train.health`).
     """
 
     def __init__(self, device: torch.device):
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.correct = torch.zeros((), dtype=torch.long, device=device)
-        self.predicted = torch.zeros(0, dtype=torch.long, device=device)  # sized at first use
-        self._ones = torch.zeros(0, dtype=torch.long, device=device)  # grown at first use
         self.seen = 0
+        self._predictions = torch.zeros(0, dtype=torch.long, device=device)  # grown as needed
+        self._hits = torch.zeros(0, dtype=torch.bool, device=device)
+        self._buffered = 0  # seeds in the buffers
+        self._num_classes: Optional[int] = None
+        # Counts carried from a checkpoint of an epoch resumed mid-way.
+        self._carried_correct = 0
+        self._carried_predicted: Optional[list] = None
 
     def state(self) -> tuple:
         """(loss sum, correct, seen, predictions per class) as exact host numbers, for a
         mid-epoch checkpoint."""
-        return float(self.loss_sum), int(self.correct), self.seen, self.predicted.tolist()
+        return (float(self.loss_sum), int(self.correct()), self.seen,
+                self.predicted().tolist())
 
     @classmethod
     def from_state(cls, state: tuple, device: torch.device) -> "EpochTotals":
         totals = cls(device)
         totals.loss_sum.fill_(state[0])
-        totals.correct.fill_(state[1])
+        totals._carried_correct = state[1]
         totals.seen = state[2]
         if len(state) > 3:
-            totals.predicted = torch.tensor(state[3], dtype=torch.long, device=device)
+            totals._carried_predicted = list(state[3])
+            totals._num_classes = len(state[3])
         return totals
 
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
         """One batch: its seed logits, their labels and its mean loss."""
-        prediction = logits.detach().argmax(-1)
-        self.loss_sum.add_(loss.detach(), alpha=y.numel())  # float64 sum, one kernel
-        self.correct += (prediction == y).sum()
-        if self.predicted.numel() != logits.size(-1):
-            self.predicted = torch.zeros(logits.size(-1), dtype=torch.long,
-                                         device=logits.device)
-        # index_add_, not bincount: CUDA's bincount reads the largest value on the host. Its
-        # ones are made once, for the largest batch so far (a kernel per batch less).
-        if self._ones.numel() < prediction.numel():
-            self._ones = torch.ones_like(prediction)
-        self.predicted.index_add_(0, prediction, self._ones[:prediction.numel()])
-        self.seen += y.numel()
+        n = y.numel()
+        self.loss_sum.add_(loss.detach(), alpha=n)  # float64 sum, one kernel
+        if self._buffered + n > self._hits.numel():  # room for 64 batches more, or double
+            self._grow(max(self._buffered + 64 * n, 2 * self._hits.numel()))
+        predictions = self._predictions[self._buffered:self._buffered + n]
+        torch.argmax(logits.detach(), -1, out=predictions)
+        torch.eq(predictions, y, out=self._hits[self._buffered:self._buffered + n])
+        self._buffered += n
+        self.seen += n
+        self._num_classes = logits.size(-1)
+
+    def _grow(self, size: int) -> None:
+        predictions = self._predictions.new_zeros(size)
+        hits = self._hits.new_zeros(size)
+        predictions[:self._buffered] = self._predictions[:self._buffered]
+        hits[:self._buffered] = self._hits[:self._buffered]
+        self._predictions, self._hits = predictions, hits
+
+    def correct(self) -> torch.Tensor:
+        """This rank's correct predictions so far (a device scalar)."""
+        return self._hits[:self._buffered].sum() + self._carried_correct
+
+    def predicted(self) -> torch.Tensor:
+        """This rank's predictions per class so far."""
+        num_classes = self._num_classes or 0
+        counts = torch.zeros(num_classes, dtype=torch.long, device=self._hits.device)
+        predictions = self._predictions[:self._buffered]
+        counts.index_add_(0, predictions, torch.ones_like(predictions))
+        if self._carried_predicted is not None:
+            counts += torch.tensor(self._carried_predicted, device=counts.device)
+        return counts
 
     def compute(self, sum_over_ranks: bool = True) -> tuple[float, float]:
         """(mean loss, accuracy) over every rank's seeds (a collective unless
         ``sum_over_ranks=False``)."""
         return (global_ratio(self.loss_sum, self.seen, sum_over_ranks=sum_over_ranks),
-                global_ratio(self.correct, self.seen, sum_over_ranks=sum_over_ranks))
+                global_ratio(self.correct(), self.seen, sum_over_ranks=sum_over_ranks))
 
     def classes_predicted(self) -> int:
         """How many classes the model predicted for at least one seed, over every rank (a
         collective)."""
-        return int((all_reduce_sum(self.predicted) > 0).sum())
+        return int((all_reduce_sum(self.predicted()) > 0).sum())
 
 
 def fewest_and_most(value: int, ctx: RankContext) -> tuple[int, int]:
