@@ -371,15 +371,30 @@ def _joined_pairs(edge_index: torch.Tensor) -> list:
     return [frozenset(pair) for pair in edge_index.t().tolist()]
 
 
+def with_host_pointers(data: Data) -> Data:
+    """``data`` on the GPU with its CSC's pointers also on the host, as the trainer places a
+    graph: the sampler plans the first hop of host seeds there."""
+    from pyg_mgpu.data.csc import CSC, attach_csc, csc_of
+    csc = csc_of(data)
+    cuda = data.to(CUDA)
+    return attach_csc(cuda, CSC(csc.colptr.to(CUDA), csc.row.to(CUDA),
+                                None if csc.perm is None else csc.perm.to(CUDA),
+                                edge_index=cuda.edge_index, host_colptr=csc.colptr))
+
+
+@pytest.mark.parametrize("host_pointers", [False, True])
 @pytest.mark.parametrize("options", [{}, {"disjoint": True}, {"subgraph_type": "bidirectional"}])
-def test_walks_on_cuda_number_as_on_the_cpu(options):
+def test_walks_on_cuda_number_as_on_the_cpu(options, host_pointers):
     # Every neighbour drawn: nothing random, so the CUDA walk (new nodes counted one hop late,
-    # sizes read once per hop) must give the CPU's batches exactly, alone and 3 per walk.
+    # sizes read once per hop, the first hop planned on the host or not) must give the CPU's
+    # batches exactly, alone and 3 per walk.
     gen = torch.Generator().manual_seed(0)
     data = Data(edge_index=torch.randint(300, (2, 2000), generator=gen), num_nodes=300)
     seeds = [torch.randint(300, (30,), generator=gen) for _ in range(3)]
     cpu = NeighborSampler(data, [-1, -1, -1], seed=0, **options)
-    cuda = NeighborSampler(data.to(CUDA), [-1, -1, -1], seed=0, **options)
+    cuda = NeighborSampler(with_host_pointers(data) if host_pointers else data.to(CUDA),
+                           [-1, -1, -1], seed=0, **options)
+    assert (cuda.graph.host_colptr[("node", "to", "node")] is not None) == host_pointers
     for a, b in zip([cpu.sample(s) for s in seeds] + cpu.sample_batches(seeds),
                     [cuda.sample(s) for s in seeds] + cuda.sample_batches(seeds)):
         for field in ("node", "row", "col"):
