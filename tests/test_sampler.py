@@ -254,3 +254,38 @@ def test_dataloader_workers_draw_different_random_streams():
     first, second = runs[0]
     assert not torch.equal(first, second), "both workers drew the same neighbours"
     assert all(torch.equal(a, b) for a, b in zip(*runs)), "worker streams not reproducible"
+
+
+@pytest.mark.parametrize("offset_type", [torch.int32, torch.int64])
+def test_floyds_steps_resolved_at_once_pick_what_the_loop_picks(offset_type):
+    # The GPU's form (pointer doubling over the steps' chains, from 8 steps up) must choose
+    # exactly the loop's offsets from the same draws, including the most colliding case of a
+    # degree one above the fanout.
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    from pyg_mgpu.sampling.draws import _floyd
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        k = int(torch.randint(8, 33, (1,), generator=gen))
+        n = int(torch.randint(1, 100, (1,), generator=gen))
+        deg = (torch.full((n,), k + 1) if trial % 3 == 0 else
+               torch.randint(k + 1, 4 * k, (n,), generator=gen))
+        loop = _floyd(deg, k, torch.Generator().manual_seed(trial), offset_type)
+        with counting_gpu_path():
+            at_once = _floyd(deg, k, torch.Generator().manual_seed(trial), offset_type)
+        assert torch.equal(loop, at_once)
+        assert (at_once.sort(0).values.diff(dim=0) > 0).all()  # k distinct offsets per node
+        assert (at_once >= 0).all() and (at_once < deg).all()
+
+
+def test_floyds_steps_at_once_follow_the_longest_chains():
+    # Step i draws j[i - 1] (= i with a degree of k + 1) and so repeats exactly when step
+    # i - 1 did: a chain back to step 1, which repeats step 0's draw. Every step from 1 on
+    # repeats, which the doubling must find for chains as long as k - 1 steps.
+    from pyg_mgpu.sampling.draws import _floyd_repeats
+    for k in (8, 9, 16, 17, 33):
+        j = torch.arange(k).add_(1).unsqueeze(1)  # degree k + 1: j[i] = 1 + i
+        t = torch.arange(k).unsqueeze(1)
+        t[1] = 0
+        expected = torch.ones(k, 1, dtype=torch.bool)
+        expected[0] = False
+        assert torch.equal(_floyd_repeats(t, j), expected), k

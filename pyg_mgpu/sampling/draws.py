@@ -16,12 +16,13 @@ Weighted draws without replacement live in :mod:`pyg_mgpu.sampling.weighted`.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-from pyg_mgpu.gpu_path import positions_of, takes_gpu_path
+from pyg_mgpu.gpu_path import iota, positions_of, takes_gpu_path
 from pyg_mgpu.sampling.weighted import EdgeWeights, weighted_without_replacement
 
 
@@ -154,6 +155,8 @@ def _floyd(deg: Tensor, k: int, generator, offset_type: torch.dtype) -> Tensor:
                                                  device=deg.device).unsqueeze(1)
     chosen = u.mul_(j + 1).to(offset_type)
     launches_matter = takes_gpu_path(deg)
+    if launches_matter and k >= 8:  # all steps at once: fewer kernels than the loop's 3 per step
+        return torch.where(_floyd_repeats(chosen, j), j, chosen.long())
     for i in range(1, k):
         t = chosen[i]
         if launches_matter:  # a step in three kernels instead of four: the same test
@@ -164,6 +167,30 @@ def _floyd(deg: Tensor, k: int, generator, offset_type: torch.dtype) -> Tensor:
             repeat = torch.bitwise_xor(chosen[:i], t).amin(0) == 0
         torch.where(repeat, j[i], t, out=t)
     return chosen.long()
+
+
+def _floyd_repeats(t: Tensor, j: Tensor) -> Tensor:
+    """``[k, n]``: whether Floyd's step ``i`` draws a value already chosen (and so takes
+    ``j[i]``), for all steps at once, from the raw draws ``t``: the loop in :func:`_floyd`
+    gives the same answers in ``3 (k - 1)`` kernels, this in ``9 + 3 ceil(log2 k)``.
+
+    ``t[i]`` is already chosen exactly when an earlier step drew the same value (kept then, or
+    already chosen before), or when it equals an earlier step's bound ``j[m]`` (``m = t[i] -
+    j[0] < i``) and step ``m`` repeated (so took ``j[m]``). The second case follows a chain of
+    earlier steps, resolved by pointer doubling: after ``r`` rounds each step has or-ed the
+    first ``2 ** r`` steps of its chain, and a chain is at most ``k`` steps long.
+    """
+    k = t.size(0)
+    step = iota(k, t.device)
+    earlier = step.view(1, k) < step.view(k, 1)  # [i, m]: m < i
+    repeats = (t.unsqueeze(1) == t.unsqueeze(0)).logical_and_(earlier.unsqueeze(2)).any(1)
+    link = t.long() - j[0]
+    link = torch.where((link >= 0).logical_and_(t < j), link, step.unsqueeze(1))
+    for r in range(math.ceil(math.log2(k))):
+        repeats.logical_or_(repeats.gather(0, link))
+        if 2 ** (r + 1) < k:
+            link = link.gather(0, link)
+    return repeats
 
 
 def _inverse_cdf(cum_weight: Tensor, start: Tensor, deg: Tensor, k: int, generator) -> Tensor:
