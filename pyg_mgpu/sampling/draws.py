@@ -155,7 +155,9 @@ def _floyd(deg: Tensor, k: int, generator, offset_type: torch.dtype) -> Tensor:
                                                  device=deg.device).unsqueeze(1)
     chosen = u.mul_(j + 1).to(offset_type)
     launches_matter = takes_gpu_path(deg)
-    if launches_matter and k >= 8:  # all steps at once: fewer kernels than the loop's 3 per step
+    # All steps at once: fewer kernels than the loop's 3 per step, for a [k, k, n] compare of
+    # at most 64 MB.
+    if launches_matter and k >= 8 and k * k * deg.numel() <= 2**26:
         return torch.where(_floyd_repeats(chosen, j), j, chosen.long())
     for i in range(1, k):
         t = chosen[i]
