@@ -92,22 +92,27 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> 
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-_IOTA: dict = {}  # device -> 0, 1, 2, ... (int64), grown as needed
+_IOTA: dict = {}  # (device, dtype) -> 0, 1, 2, ..., grown as needed
+_IOTA_OUTGROWN: list = []  # never freed: see iota
 
 
-def iota(size: int, device: torch.device) -> Tensor:
-    """``torch.arange(size)`` on ``device`` as a view of one kept tensor: no kernel per call.
+def iota(size: int, device: torch.device, dtype: torch.dtype = torch.long) -> Tensor:
+    """``torch.arange(size, dtype=dtype)`` on ``device`` as a view of one kept tensor: no
+    kernel per call.
 
-    The kept tensor only grows, so a view handed out stays valid; on a GPU it is made after
-    every queued kernel has finished, so that a stream other than the one that made it (the
-    loader's) never reads it unwritten.
+    The kept tensor only grows, and an outgrown one is never freed: the loader's thread and
+    the training thread read them on different CUDA streams, and a freed block could be
+    handed to one stream while the other still reads it. On a GPU a new one is made after
+    every queued kernel has finished, so no stream reads it unwritten.
     """
     device = torch.device(device)
-    kept = _IOTA.get(device)
+    kept = _IOTA.get((device, dtype))
     if kept is None or kept.numel() < size:
+        if kept is not None:
+            _IOTA_OUTGROWN.append(kept)
         kept = torch.arange(max(size, 2 * (0 if kept is None else kept.numel()), 1024),
-                            device=device)
+                            dtype=dtype, device=device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        _IOTA[device] = kept
+        _IOTA[device, dtype] = kept
     return kept[:size]

@@ -73,7 +73,7 @@ def plan_hop(colptr: Tensor, dst: Tensor, fanout: int, *, replace: bool = False,
         count = deg.clamp(max=fanout)
     drawn = (deg > 0) if replace else (deg > fanout)
     if active is not None:
-        count = count.where(active, 0)
+        count = count.mul(active)
         drawn = drawn.logical_and_(active)
     return HopPlan(start, deg, count, drawn, fanout)
 
@@ -104,7 +104,7 @@ def draw_hop(plan: HopPlan, num_edges: Optional[int], num_drawing: Optional[int]
     # Slot s of node v reads edge start[v] + (s - first_slot[v]): all of v's edges when it keeps
     # them all, else overwritten below by the random draws.
     edge = (start - first_slot).index_select(0, local_dst)
-    edge.add_(torch.arange(edge.numel(), device=start.device))
+    edge.add_(iota(edge.numel(), start.device))
     if fanout < 0 or num_drawing == 0:
         return local_dst, edge
     big = (plan.drawn.nonzero().squeeze(1) if num_drawing is None else
@@ -114,7 +114,7 @@ def draw_hop(plan: HopPlan, num_edges: Optional[int], num_drawing: Optional[int]
     # Nodes that draw own exactly `fanout` consecutive slots from their first one.
     big_first, big_start = first_slot.index_select(0, big), start.index_select(0, big)
     big_deg = deg.index_select(0, big)
-    slot = torch.arange(fanout, device=start.device)
+    slot = iota(fanout, start.device)
     if weights is not None and not replace:  # one row per node: [nodes, fanout]
         big_bound = weights.bound
         if big_bound is not None:
@@ -151,8 +151,7 @@ def _floyd(deg: Tensor, k: int, generator, offset_type: torch.dtype) -> Tensor:
     # first axis so that every step reads and writes contiguous rows.
     u = torch.rand(k, deg.numel(), dtype=torch.float64, device=deg.device, generator=generator)
     # All steps' upper bounds j and raw draws t at once; the loop only resolves repeats.
-    j = (deg - k).to(offset_type) + torch.arange(k, dtype=offset_type,
-                                                 device=deg.device).unsqueeze(1)
+    j = (deg - k).to(offset_type) + iota(k, deg.device, offset_type).unsqueeze(1)
     chosen = u.mul_(j + 1).to(offset_type)
     launches_matter = takes_gpu_path(deg)
     # All steps at once: fewer kernels than the loop's 3 per step, for a [k, k, n] compare of

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from pyg_mgpu.gpu_path import iota
 from pyg_mgpu.sampling.tree_ids import TreeIds
 
 
@@ -75,8 +76,8 @@ class JointIds:
         self._entered.append((t, seed))
         # A repeated seed keeps its first position (as pyg-lib); a plain indexed write would
         # keep an arbitrary one.
-        lookup.scatter_reduce_(0, seed, torch.arange(seed.numel(), dtype=lookup.dtype,
-                                                     device=seed.device), reduce="amin")
+        lookup.scatter_reduce_(0, seed, iota(seed.numel(), seed.device, lookup.dtype),
+                               reduce="amin")
         self.count[t] = seed.numel()
 
     def number(self, t, nbr: Tensor, nbr_tree: None) -> tuple[Tensor, Tensor, None]:
@@ -169,19 +170,19 @@ class BatchIds:
 
     def seeds(self, t, seed: Tensor) -> Tensor:
         batch = self.seed_batch[t]
-        self._joint.seeds(t, batch * self.num_nodes[t] + seed)
+        self._joint.seeds(t, seed.add(batch, alpha=self.num_nodes[t]))
         return batch
 
     def number(self, t, nbr: Tensor, nbr_batch: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(local ids of the pairs ``(nbr_batch, nbr)``, the new nodes in order of first
         appearance, their batches)."""
-        local, new, _ = self._joint.number(t, nbr_batch * self.num_nodes[t] + nbr, None)
+        local, new, _ = self._joint.number(t, nbr.add(nbr_batch, alpha=self.num_nodes[t]), None)
         new_batch = torch.div(new, self.num_nodes[t], rounding_mode="floor")
         return local, new - new_batch * self.num_nodes[t], new_batch
 
     def number_deferred(self, t, nbr: Tensor, nbr_batch: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`JointIds.number_deferred` of the pairs ``(nbr_batch, nbr)``."""
-        return self._joint.number_deferred(t, nbr_batch * self.num_nodes[t] + nbr)
+        return self._joint.number_deferred(t, nbr.add(nbr_batch, alpha=self.num_nodes[t]))
 
     def close(self) -> None:
         self._joint.close()
