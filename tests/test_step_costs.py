@@ -64,3 +64,18 @@ def test_bench_writes_the_step_costs(tmp_path):
     # Three batches per walk: the sampler's launches and reads shared three ways.
     assert walked["stages"]["sampling"]["kernel_ops"] * 2 < alone["stages"]["sampling"]["kernel_ops"]
     assert walked["stages"]["sampling"]["host_syncs"] * 2 < alone["stages"]["sampling"]["host_syncs"]
+
+
+def test_iota_hands_out_views_of_kept_aranges():
+    from pyg_mgpu import gpu_path
+    cpu = torch.device("cpu")
+    small = gpu_path.iota(5, cpu)
+    assert torch.equal(small, torch.arange(5)) and small.dtype == torch.long
+    assert gpu_path.iota(7, cpu).data_ptr() == small.data_ptr()  # the same kept tensor
+    assert gpu_path.iota(3, cpu, torch.int32).dtype == torch.int32
+    # It grows past what it holds; the outgrown tensor stays alive and unchanged.
+    size = gpu_path._IOTA[cpu, torch.long].numel() + 1
+    big = gpu_path.iota(size, cpu)
+    assert torch.equal(big, torch.arange(size)) and big.data_ptr() != small.data_ptr()
+    assert torch.equal(small, torch.arange(5))
+    assert any(t.data_ptr() == small.data_ptr() for t in gpu_path._IOTA_OUTGROWN)
