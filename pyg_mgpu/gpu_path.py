@@ -8,13 +8,14 @@ and a CPU form that is faster there. Counting a GPU step's kernels and host read
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
 
 _counting = False
-_on_host = False  # inside host_work: the ops run on host tensors, whatever the path
+_host_work = threading.local()  # .active inside host_work, per thread
 _read_hooks: list[Callable[[], None]] = []  # told of every host_ints read (step counting)
 
 
@@ -38,17 +39,17 @@ def counting_gpu_path() -> Iterator[None]:
 def host_work() -> Iterator[None]:
     """Marks ops that run on host tensors on a GPU too (work the host does before it copies
     the result over): they launch no kernel, and the step counter leaves them out."""
-    global _on_host
-    before, _on_host = _on_host, True
+    before = on_host()
+    _host_work.active = True
     try:
         yield
     finally:
-        _on_host = before
+        _host_work.active = before
 
 
 def on_host() -> bool:
-    """Whether the current ops are :func:`host_work`."""
-    return _on_host
+    """Whether this thread's current ops are :func:`host_work`."""
+    return getattr(_host_work, "active", False)
 
 
 def host_ints(values: Tensor) -> list[int]:
@@ -94,6 +95,7 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> 
 
 _IOTA: dict = {}  # (device, dtype) -> 0, 1, 2, ..., grown as needed
 _IOTA_OUTGROWN: list = []  # never freed: see iota
+_IOTA_GROWING = threading.Lock()  # the loader's thread and the training thread both grow it
 
 
 def iota(size: int, device: torch.device, dtype: torch.dtype = torch.long) -> Tensor:
@@ -108,11 +110,14 @@ def iota(size: int, device: torch.device, dtype: torch.dtype = torch.long) -> Te
     device = torch.device(device)
     kept = _IOTA.get((device, dtype))
     if kept is None or kept.numel() < size:
-        if kept is not None:
-            _IOTA_OUTGROWN.append(kept)
-        kept = torch.arange(max(size, 2 * (0 if kept is None else kept.numel()), 1024),
-                            dtype=dtype, device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        _IOTA[device, dtype] = kept
+        with _IOTA_GROWING:
+            kept = _IOTA.get((device, dtype))  # another thread may have grown it
+            if kept is None or kept.numel() < size:
+                if kept is not None:
+                    _IOTA_OUTGROWN.append(kept)
+                kept = torch.arange(max(size, 2 * (0 if kept is None else kept.numel()), 1024),
+                                    dtype=dtype, device=device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                _IOTA[device, dtype] = kept
     return kept[:size]

@@ -85,3 +85,30 @@ def test_sampled_accuracy_with_every_neighbour_equals_full_graph_accuracy():
     pred = full_graph_logits(model, data).argmax(-1)
     expected = (pred == data.y)[data.test_mask].float().mean().item()
     assert accuracy(model, loader) == pytest.approx(expected)
+
+
+def test_epoch_totals_count_exactly_across_a_checkpoint():
+    # A mid-epoch checkpoint carries exact counts; the resumed totals equal uninterrupted ones,
+    # also from a state taken before the first batch.
+    from pyg_mgpu.train.loop import EpochTotals
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(n, 4, generator=gen), torch.randint(4, (n,), generator=gen))
+               for n in (5, 7, 3, 6)]
+    cpu = torch.device("cpu")
+
+    def run(totals, part):
+        for logits, y in part:
+            totals.update(logits, y, torch.nn.functional.cross_entropy(logits, y))
+        return totals
+
+    whole = run(EpochTotals(cpu), batches)
+    for cut in (0, 2):
+        resumed = run(EpochTotals.from_state(run(EpochTotals(cpu), batches[:cut]).state(), cpu),
+                      batches[cut:])
+        assert resumed.state()[1:] == whole.state()[1:]
+        assert resumed.compute(sum_over_ranks=False) == pytest.approx(
+            whole.compute(sum_over_ranks=False))
+    correct = sum(int((logits.argmax(-1) == y).sum()) for logits, y in batches)
+    predicted = torch.bincount(torch.cat([logits.argmax(-1) for logits, _ in batches]),
+                               minlength=4).tolist()
+    assert whole.state()[1:] == (correct, 21, predicted)

@@ -253,3 +253,11 @@ def test_first_hop_planned_on_the_host_gives_the_same_batches():
             assert torch.equal(getattr(a, name), getattr(b, name)), name
         assert a.num_sampled_nodes == b.num_sampled_nodes
         assert a.num_sampled_edges == b.num_sampled_edges
+
+
+def test_a_sampler_without_hops_returns_its_seeds_on_the_gpu_path():
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    sampler = NeighborSampler(random_data(), [], seed=0)
+    with counting_gpu_path():
+        out = sampler.sample(torch.tensor([3, 1, 4]))
+    assert out.node.tolist() == [3, 1, 4] and out.row.numel() == 0

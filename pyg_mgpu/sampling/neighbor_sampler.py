@@ -322,7 +322,8 @@ class NeighborSampler(PyGNeighborSampler):
         hop draws from whole runs (not temporal)."""
         host_colptr = self.graph.host_colptr.get(EDGE)
         return (isinstance(seed, Tensor) and not seed.is_cuda and host_colptr is not None
-                and not self.is_temporal and takes_gpu_path(self.graph.csc[EDGE].colptr))
+                and len(self.fanouts) > 0 and not self.is_temporal
+                and takes_gpu_path(self.graph.csc[EDGE].colptr))
 
     def _first_hop(self, seed: Tensor, *rows: Tensor) -> tuple[Tensor, dict]:
         """``seed`` and ``rows`` on the device, and the walk's ``first_hop``."""

@@ -124,7 +124,7 @@ class EpochTotals:
         totals.loss_sum.fill_(state[0])
         totals._carried_correct = state[1]
         totals.seen = state[2]
-        if len(state) > 3:
+        if len(state) > 3 and state[3]:  # empty before the first batch
             totals._carried_predicted = list(state[3])
             totals._num_classes = len(state[3])
         return totals
@@ -137,7 +137,7 @@ class EpochTotals:
             self._grow(max(self._buffered + 64 * n, 2 * self._hits.numel()))
         predictions = self._predictions[self._buffered:self._buffered + n]
         torch.argmax(logits.detach(), -1, out=predictions)
-        torch.eq(predictions, y, out=self._hits[self._buffered:self._buffered + n])
+        torch.eq(predictions, y.view(-1), out=self._hits[self._buffered:self._buffered + n])
         self._buffered += n
         self.seen += n
         self._num_classes = logits.size(-1)
@@ -160,7 +160,8 @@ class EpochTotals:
         predictions = self._predictions[:self._buffered]
         counts.index_add_(0, predictions, torch.ones_like(predictions))
         if self._carried_predicted is not None:
-            counts += torch.tensor(self._carried_predicted, device=counts.device)
+            counts += torch.tensor(self._carried_predicted, dtype=torch.long,
+                                   device=counts.device)
         return counts
 
     def compute(self, sum_over_ranks: bool = True) -> tuple[float, float]:
