@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import SamplerOutput
 
-from pyg_mgpu.gpu_path import host_ints, takes_gpu_path, to_device
+from pyg_mgpu.gpu_path import host_ints, iota, takes_gpu_path, to_device
 
 
 def _counts(key: Tensor, size: int) -> Tensor:
@@ -34,7 +34,7 @@ def _counts(key: Tensor, size: int) -> Tensor:
 
 def _hop_of(sizes: list[int], total: int, device) -> Tensor:
     """Each position's hop, for positions laid out hop by hop in runs of ``sizes``."""
-    return torch.repeat_interleave(torch.arange(len(sizes), device=device),
+    return torch.repeat_interleave(iota(len(sizes), device),
                                    to_device(sizes, device), output_size=total)
 
 
@@ -99,7 +99,7 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
     node_sizes = [sum(c) for c in node_counts]
     edge_sizes = [sum(c) for c in edge_counts]
     rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=device)
+    rank[order] = iota(order.numel(), device)
     first_of_batch = list(itertools.accumulate(node_sizes, initial=0))[:num_batches]
     local = rank - to_device(first_of_batch, device).index_select(0, node_batch)
     parts = {
