@@ -261,3 +261,22 @@ def test_a_sampler_without_hops_returns_its_seeds_on_the_gpu_path():
     with counting_gpu_path():
         out = sampler.sample(torch.tensor([3, 1, 4]))
     assert out.node.tolist() == [3, 1, 4] and out.row.numel() == 0
+
+
+@pytest.mark.parametrize("gpu_path", [False, True])
+@pytest.mark.parametrize("fanouts", [[], [0], [3, 0]])
+def test_walks_whose_last_hop_draws_nothing_split_into_their_batches(fanouts, gpu_path):
+    # No new nodes at the end: the batches' counts are not read with the walk's last hop but
+    # counted in the split.
+    import contextlib
+    from pyg_mgpu.gpu_path import counting_gpu_path
+    seeds = [torch.arange(10), torch.arange(5, 20)]
+    sampler = NeighborSampler(random_data(), fanouts, seed=0)
+    with counting_gpu_path() if gpu_path else contextlib.nullcontext():
+        walked = sampler.sample_batches(seeds)
+    alone = NeighborSampler(random_data(), fanouts, seed=0)
+    for out, s in zip(walked, seeds):
+        assert out.node[:s.numel()].tolist() == s.tolist()
+        assert out.num_sampled_nodes[0] == s.numel()
+        if not any(fanouts):
+            assert torch.equal(out.node, alone.sample(s).node)

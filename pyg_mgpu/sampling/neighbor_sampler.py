@@ -299,7 +299,8 @@ class NeighborSampler(PyGNeighborSampler):
         batches = split_batches(
             out.node[NODE], out.batch[NODE], out.row[EDGE], out.col[EDGE], out.edge[EDGE],
             out.num_sampled_nodes[NODE], out.num_sampled_edges[EDGE],
-            tree_batch=seed_batch if self.disjoint else iota(len(seeds), self.device),
+            tree_batch=seed_batch if self.disjoint else iota(len(seeds), self.device,
+                                                             torch.int32),
             num_batches=len(seeds),
             tree_offset=torch.cumsum(sizes, 0) - sizes if self.disjoint else None,
             counts=None if counts is None else counts.values)
