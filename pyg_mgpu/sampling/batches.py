@@ -73,8 +73,8 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
         node, tree: Each node of the walk (in walk order) and its tree.
         row, col, edge: The walk's edges: local ids into ``node``, and edge ids.
         num_sampled_nodes, num_sampled_edges: The walk's per-hop counts.
-        tree_batch: The batch of each tree. int32 numbers make the sort keys int32: a radix
-            sort then makes half the passes of int64's (and the CPU's sort ran about 3x faster).
+        tree_batch: The batch of each tree. int32 numbers make the sort keys int32, over
+            which a radix sort makes half the passes it makes over int64.
         tree_offset: For disjoint batches, each batch's first tree: a batch's own ``batch``
             output numbers its trees from 0. None: a batch is one tree (joint sampling).
         counts: Every batch's per-hop node counts, then edge counts, if already read
