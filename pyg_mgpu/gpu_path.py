@@ -79,7 +79,7 @@ def positions_of(mask: Tensor, count: int) -> Tensor:
     if not takes_gpu_path(mask):
         return mask.nonzero().squeeze(1)
     running = torch.cumsum(mask, 0)
-    return torch.searchsorted(running, torch.arange(1, count + 1, device=mask.device))
+    return torch.searchsorted(running, iota(count + 1, mask.device)[1:])
 
 
 def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> Tensor:

@@ -32,10 +32,12 @@ def _counts(key: Tensor, size: int) -> Tensor:
         0, key, torch.ones_like(key, dtype=torch.long))
 
 
-def _hop_of(sizes: list[int], total: int, device, dtype: torch.dtype = torch.long) -> Tensor:
-    """Each position's hop, for positions laid out hop by hop in runs of ``sizes``."""
-    return torch.repeat_interleave(iota(len(sizes), device, dtype),
-                                   to_device(sizes, device), output_size=total)
+def _keys(batch: Tensor, hop_sizes: list[int], levels: int) -> Tensor:
+    """``batch * levels + hop`` for positions laid out hop by hop in runs of ``hop_sizes``
+    (``batch``: each position's batch): one key per (batch, hop), in ``batch``'s type."""
+    hop = torch.repeat_interleave(iota(len(hop_sizes), batch.device, batch.dtype),
+                                  to_device(hop_sizes, batch.device), output_size=batch.numel())
+    return batch * levels + hop
 
 
 class BatchCounts:
@@ -53,12 +55,10 @@ class BatchCounts:
         (tree,), (col,) = trees.values(), cols.values()  # one node type, one edge type
         (_, last_tree, first), = pending.values()
         (settled,), (edge_sizes,) = num_sampled_nodes.values(), num_sampled_edges.values()
-        levels, device = self.num_hops + 1, tree.device
-        level = _hop_of(settled, tree.numel(), device)
-        node_counts = _counts(tree * levels + level, self.num_batches * levels)
+        levels = self.num_hops + 1
+        node_counts = _counts(_keys(tree, settled, levels), self.num_batches * levels)
         node_counts.index_add_(0, last_tree * levels + (levels - 1), first.long())
-        edge_hop = _hop_of(edge_sizes, col.numel(), device)
-        edge_key = tree.index_select(0, col) * self.num_hops + edge_hop
+        edge_key = _keys(tree.index_select(0, col), edge_sizes, self.num_hops)
         return torch.cat([node_counts, _counts(edge_key, self.num_batches * self.num_hops)])
 
 
@@ -83,13 +83,11 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
     device = node.device
     num_hops = len(num_sampled_edges)
     levels = num_hops + 1
-    node_hop = _hop_of(num_sampled_nodes, node.numel(), device, tree_batch.dtype)
     node_batch = tree_batch.index_select(0, tree)
-    node_key = node_batch * levels + node_hop
+    node_key = _keys(node_batch, num_sampled_nodes, levels)
     # Stable: within a batch and a hop the walk's order (first appearance) is kept.
     order = torch.sort(node_key, stable=True).indices
-    edge_hop = _hop_of(num_sampled_edges, edge.numel(), device, tree_batch.dtype)
-    edge_key = node_batch.index_select(0, col) * num_hops + edge_hop
+    edge_key = _keys(node_batch.index_select(0, col), num_sampled_edges, num_hops)
     edge_order = torch.sort(edge_key, stable=True).indices
     if counts is None:  # every batch's per-hop counts, in one read
         counts = host_ints(torch.cat([_counts(node_key, num_batches * levels),
