@@ -103,14 +103,18 @@ class EpochTotals:
 
     def __init__(self, device: torch.device):
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.seen = 0
         self._predictions = torch.zeros(0, dtype=torch.long, device=device)  # grown as needed
         self._hits = torch.zeros(0, dtype=torch.bool, device=device)
         self._buffered = 0  # seeds in the buffers
-        self._num_classes: Optional[int] = None
+        self._num_classes = 0
         # Counts carried from a checkpoint of an epoch resumed mid-way.
-        self._carried_correct = 0
-        self._carried_predicted: Optional[list] = None
+        self._carried_seen = self._carried_correct = 0
+        self._carried_predicted: Optional[torch.Tensor] = None
+
+    @property
+    def seen(self) -> int:
+        """This rank's seeds so far."""
+        return self._carried_seen + self._buffered
 
     def state(self) -> tuple:
         """(loss sum, correct, seen, predictions per class) as exact host numbers, for a
@@ -122,10 +126,9 @@ class EpochTotals:
     def from_state(cls, state: tuple, device: torch.device) -> "EpochTotals":
         totals = cls(device)
         totals.loss_sum.fill_(state[0])
-        totals._carried_correct = state[1]
-        totals.seen = state[2]
+        totals._carried_correct, totals._carried_seen = state[1], state[2]
         if len(state) > 3 and state[3]:  # empty before the first batch
-            totals._carried_predicted = list(state[3])
+            totals._carried_predicted = torch.tensor(state[3], dtype=torch.long, device=device)
             totals._num_classes = len(state[3])
         return totals
 
@@ -139,7 +142,6 @@ class EpochTotals:
         torch.argmax(logits.detach(), -1, out=predictions)
         torch.eq(predictions, y.view(-1), out=self._hits[self._buffered:self._buffered + n])
         self._buffered += n
-        self.seen += n
         self._num_classes = logits.size(-1)
 
     def _grow(self, size: int) -> None:
@@ -155,13 +157,9 @@ class EpochTotals:
 
     def predicted(self) -> torch.Tensor:
         """This rank's predictions per class so far."""
-        num_classes = self._num_classes or 0
-        counts = torch.zeros(num_classes, dtype=torch.long, device=self._hits.device)
-        predictions = self._predictions[:self._buffered]
-        counts.index_add_(0, predictions, torch.ones_like(predictions))
+        counts = torch.bincount(self._predictions[:self._buffered], minlength=self._num_classes)
         if self._carried_predicted is not None:
-            counts += torch.tensor(self._carried_predicted, dtype=torch.long,
-                                   device=counts.device)
+            counts += self._carried_predicted
         return counts
 
     def compute(self, sum_over_ranks: bool = True) -> tuple[float, float]:
