@@ -55,12 +55,24 @@ def disagree_on_steps(ctx):
     check_equal_steps(10 + ctx.rank, ctx)  # a sharding bug would look like this
 
 
-def deferred_vs_blocking_allreduce(ctx, result):
-    """Trains two copies of one model, DDP's blocking all-reduce against DeferredAllReduce, on
-    rank-specific data, and records how far their parameters ended apart (and from the start)."""
+def cannot_map_shared_memory(rank: int, ctx) -> None:
+    """Rank ``rank`` cannot see the segment that rank 0 makes, as on another machine."""
+    from pyg_mgpu.distributed import shared_rounds
+    if ctx.rank == rank:
+        shared_rounds._map = lambda path, size, token: None
+
+
+def deferred_vs_blocking_allreduce(ctx, result, exchange="gloo"):
+    """Trains two copies of one model, DDP's blocking all-reduce against a deferred one (gloo's,
+    or through shared memory), on rank-specific data, and records how far their parameters
+    ended apart (and from the start)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
+    from pyg_mgpu.distributed.grad_sync import (
+        DeferredAllReduce,
+        SharedMemoryAllReduce,
+        deferred_all_reduce,
+    )
 
     torch.manual_seed(0)
     start = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
@@ -68,7 +80,13 @@ def deferred_vs_blocking_allreduce(ctx, result):
     blocking = DistributedDataParallel(models[0])
     deferred = DistributedDataParallel(models[1], gradient_as_bucket_view=True,
                                        bucket_cap_mb=0.0001)  # several buckets
-    grad_sync = DeferredAllReduce(deferred)
+    if exchange == "gloo":
+        grad_sync = DeferredAllReduce(deferred)
+    else:
+        if exchange == "shared, unless rank 1 cannot map it":
+            cannot_map_shared_memory(1, ctx)
+        grad_sync = deferred_all_reduce(deferred, timeout_s=60)
+    result[ctx.rank, 3] = isinstance(grad_sync, SharedMemoryAllReduce)
     optimizers = [torch.optim.Adam(m.parameters(), lr=0.05) for m in (blocking, deferred)]
     generator = torch.Generator().manual_seed(ctx.rank)  # each rank its own data
     for _ in range(4):

@@ -7,10 +7,15 @@ import time
 from pyg_mgpu.distributed import stop
 
 
-def agree_on_a_stop(ctx, signal_at_step, steps_out):
+def agree_on_a_stop(ctx, signal_at_step, steps_out, shared=True):
     """Rank 1 gets SIGTERM during step ``signal_at_step``; both ranks record the step at which
-    the agreement told them to stop."""
+    the agreement told them to stop. ``shared=False``: rank 1 cannot map the shared segment,
+    so the flags go through gloo."""
+    if not shared and ctx.rank == 1:
+        from pyg_mgpu.distributed import shared_rounds
+        shared_rounds._map = lambda path, size, token: None
     agreement = stop.StopAgreement()
+    assert (agreement._rounds is not None) == shared
     with stop.graceful():
         for step in range(1, 1000):
             if ctx.rank == 1 and step == signal_at_step:

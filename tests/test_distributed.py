@@ -49,10 +49,16 @@ def test_metrics_reduce_sums_and_counts_exactly():
         assert result[rank, 1].item() == pytest.approx((3 * 1.0 + 1 * 5.0) / 4)
 
 
-def test_deferred_allreduce_trains_exactly_like_ddps_blocking_one():
-    result = torch.full((2, 3), float("nan"), dtype=torch.float32).share_memory_()
-    launch_local(_ranks.deferred_vs_blocking_allreduce, CPU2, args=(result,))
+@pytest.mark.parametrize("exchange,shared", [
+    ("gloo", False),
+    ("shared", True),  # the CLI's CPU ranks: one machine
+    ("shared, unless rank 1 cannot map it", False),  # as on two machines: gloo on both ranks
+])
+def test_deferred_allreduce_trains_exactly_like_ddps_blocking_one(exchange, shared):
+    result = torch.full((2, 4), float("nan"), dtype=torch.float32).share_memory_()
+    launch_local(_ranks.deferred_vs_blocking_allreduce, CPU2, args=(result, exchange))
     for rank in range(2):
+        assert result[rank, 3].item() == shared, "the wrong exchange was picked"
         assert result[rank, 0].item() == 0.0, "deferred all-reduce changed the training"
         assert result[rank, 1].item() > 0.01, "the models did not train at all"
         assert result[rank, 2].item() == 0.0, "the ranks' models drifted apart"

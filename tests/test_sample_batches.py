@@ -280,3 +280,16 @@ def test_walks_whose_last_hop_draws_nothing_split_into_their_batches(fanouts, gp
         assert out.num_sampled_nodes[0] == s.numel()
         if not any(fanouts):
             assert torch.equal(out.node, alone.sample(s).node)
+
+
+def test_the_clis_default_batches_per_walk():
+    from types import SimpleNamespace
+
+    from pyg_mgpu.train.loaders import BATCHES_PER_WALK, SMALL_CPU_BATCH, batches_per_walk
+    cpu = SimpleNamespace(is_hetero=False, x=torch.zeros(1))
+    hetero = SimpleNamespace(is_hetero=True, x=None)
+    assert batches_per_walk(None, cpu, "native", SMALL_CPU_BATCH) == BATCHES_PER_WALK > 1
+    assert batches_per_walk(None, cpu, "native", SMALL_CPU_BATCH + 1) == 1
+    assert batches_per_walk(None, cpu, "pyg", 32) == 1  # PyG's sampler walks one batch
+    assert batches_per_walk(None, hetero, "native", 32) == 1
+    assert batches_per_walk(3, cpu, "native", 1024) == 3  # --sample-batches as given

@@ -282,9 +282,11 @@ def test_sigterm_to_torchrun_stops_its_ranks_with_a_checkpoint(tmp_path):
     assert_stopped_in_epoch_2(read_checkpoint(run))
 
 
-def test_ranks_agree_on_the_step_to_stop_at():
+@pytest.mark.parametrize("shared", [True, False], ids=["shared memory", "gloo"])
+def test_ranks_agree_on_the_step_to_stop_at(shared):
     steps = torch.zeros(2, dtype=torch.long).share_memory_()
-    launch_local(_stop_ranks.agree_on_a_stop, [torch.device("cpu")] * 2, args=(3, steps))
+    launch_local(_stop_ranks.agree_on_a_stop, [torch.device("cpu")] * 2,
+                 args=(3, steps, shared))
     # Signalled during step 3 on rank 1 alone; the agreement is read one step later.
     assert steps.tolist() == [4, 4]
 

@@ -9,12 +9,6 @@ import torch
 
 from pyg_mgpu.distributed import stop
 
-DEFAULT_TIMEOUT_S = 300.0
-"""How long a collective waits for a peer before the process group gives up."""
-
-RENDEZVOUS_TIMEOUT_S = 120.0
-"""The least time ``spawn``'s ranks wait for each other to join the group."""
-
 
 class RankFailed(RuntimeError):
     """A rank died; the message names the rank and carries its traceback or signal.

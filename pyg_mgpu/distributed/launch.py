@@ -23,7 +23,6 @@ from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.distributed import stop
-from pyg_mgpu.distributed.context import DEFAULT_TIMEOUT_S
 from pyg_mgpu.distributed.devices import (
     free_port,
     launched_by_torchrun,
@@ -33,6 +32,7 @@ from pyg_mgpu.distributed.devices import (
 from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
 from pyg_mgpu.distributed.process_group import process_group, torchrun_process_group
 from pyg_mgpu.distributed.reports import reported
+from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S
 from pyg_mgpu.distributed.watch import LauncherSignals, raise_for, watch_ranks
 
 

@@ -11,13 +11,10 @@ import torch
 import torch.distributed as dist
 
 from pyg_mgpu.distributed import stop
-from pyg_mgpu.distributed.context import (
-    DEFAULT_TIMEOUT_S,
-    RENDEZVOUS_TIMEOUT_S,
-    RankContext,
-)
+from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.devices import resolve_backend
 from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
+from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S
 
 
 @contextlib.contextmanager

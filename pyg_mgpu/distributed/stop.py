@@ -34,6 +34,9 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from pyg_mgpu.distributed.shared_rounds import open_shared_rounds
+from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DEFAULT_GRACE_S = 30.0
 """Seconds a rank has to end after a stop signal (Kubernetes' and torchrun's default wait)."""
@@ -190,22 +193,33 @@ class Decision:
 class StopAgreement:
     """Lets every rank stop, or checkpoint, at the same step.
 
-    Each step sends this rank's flags (its stop signal, a timed checkpoint due) in one small
-    asynchronous all-reduce on a gloo group of its own, and reads the result of the previous
-    step's: every rank reads the same result at the same step, so no rank leaves the others
-    waiting in a gradient all-reduce, and no step waits for the exchange (on a GPU rank it
-    never touches the device). A collective: every rank creates one, in the same order.
+    Each step sends this rank's flags (its stop signal, a timed checkpoint due) and reads the
+    result of the previous step's exchange: every rank reads the same result at the same step,
+    so no rank leaves the others waiting in a gradient all-reduce, and no step waits for the
+    exchange (on a GPU rank it never touches the device). The flags go through shared memory
+    where the ranks share a machine (:mod:`~pyg_mgpu.distributed.shared_rounds`), else in one
+    small asynchronous all-reduce on a gloo group of its own. A collective: every rank creates
+    one, in the same order. ``timeout_s``: how long a rank waits for the others' flags, as
+    the process group's collectives do.
     """
 
-    def __init__(self, checkpoint_every_s: Optional[float] = None):
+    def __init__(self, checkpoint_every_s: Optional[float] = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         self.group = dist.new_group(backend="gloo")
         self.checkpoint_every_s = checkpoint_every_s
         self._last_checkpoint = time.monotonic()
+        self._rounds = open_shared_rounds(2, torch.int64, self.group, timeout_s)
         self._pending: Optional[tuple] = None
 
     def _send(self) -> None:
         due = (self.checkpoint_every_s is not None and
                time.monotonic() - self._last_checkpoint >= self.checkpoint_every_s)
+        if self._rounds is not None:
+            slot = self._rounds.slot()
+            slot[0], slot[1] = requested(), int(due)
+            self._rounds.post()
+            self._pending = (None, None)
+            return
         flags = torch.tensor([requested(), int(due)], dtype=torch.int64)
         work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         self._pending = (work, flags)
@@ -215,7 +229,10 @@ class StopAgreement:
             return Decision()
         work, flags = self._pending
         self._pending = None
-        work.wait()
+        if work is None:
+            flags = self._rounds.wait().amax(0)
+        else:
+            work.wait()
         decision = Decision(stop=int(flags[0]), checkpoint=bool(flags[1]))
         if decision.checkpoint:  # every rank resets its clock at the same step
             self.checkpoint_written()
@@ -239,5 +256,6 @@ class StopAgreement:
     def close(self) -> None:
         """Waits for the exchange in flight, so none is left when the group goes."""
         if self._pending is not None:
-            self._pending[0].wait()
+            if self._pending[0] is not None:
+                self._pending[0].wait()
             self._pending = None

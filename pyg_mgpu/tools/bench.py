@@ -42,7 +42,7 @@ from pyg_mgpu.distributed.devices import resolve_devices
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 from pyg_mgpu.tools.sampler_bench import run_sampler_bench, synthetic_graph
 from pyg_mgpu.tools.step_costs import count_steps, format_step_costs
-from pyg_mgpu.train.loaders import GPU_BATCHES_PER_WALK
+from pyg_mgpu.train.loaders import BATCHES_PER_WALK
 from pyg_mgpu.train.config import in_flags
 
 SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_graph_on_host", "pyg_mgpu_one_batch_per_walk",
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-costs", action="store_true",
                    help="count the kernel ops and host syncs of one training step, per stage "
                         "(the GPU's path, counted on the CPU) instead of training")
-    p.add_argument("--sample-batches", type=int, default=GPU_BATCHES_PER_WALK, metavar="K",
+    p.add_argument("--sample-batches", type=int, default=BATCHES_PER_WALK, metavar="K",
                    help="--step-costs: also count steps whose batches are sampled K per walk "
                         "(the default on GPUs), per batch; 1 skips that count")
     p.add_argument("--batches", type=int, default=30,

@@ -244,7 +244,7 @@ class PerformanceSettings:
     feature_cache_gb: Optional[float] = None  # None: up to a quarter of free GPU memory
     num_workers: int = 0
     prefetch: Optional[int] = None  # None: 1 ahead on GPU ranks with the native sampler, else off
-    sample_batches: Optional[int] = None  # None: 8 on GPU ranks sampling on the GPU, else 1
+    sample_batches: Optional[int] = None  # None: loaders.batches_per_walk's default
     profile: bool = False
     trace_steps: int = 0  # 0: no torch.profiler trace
 

@@ -151,21 +151,24 @@ def _leave_stops_to_the_rank(worker_id: int) -> None:
     threading.Thread(target=take_signals, name="pyg_mgpu-worker-signals", daemon=True).start()
 
 
-# Batches per walk on a GPU rank that samples on the GPU: a walk's launches and host reads are
-# shared by 8 batches (262 -> about 41 sampler kernel ops and 4 -> 0.5 host reads per batch at
-# fanout 15,10,5, batch 1024: docs/benchmarks.md); on CPUs longer walks measured slower per
-# batch.
-GPU_BATCHES_PER_WALK = 8
+# Batches per walk by default: a walk's kernel launches and host reads are shared by its
+# batches. On a GPU that pays at any batch size; on the CPU only batches of at most
+# SMALL_CPU_BATCH seeds gain (their ops cost more to issue than to run), and larger ones lose
+# more to the split than they save (docs/benchmarks.md).
+BATCHES_PER_WALK = 8
+SMALL_CPU_BATCH = 64
 
 
-def batches_per_walk(requested: Optional[int], graph: TrainingGraph, sampler: str) -> int:
-    """``--sample-batches``, or its default for this rank's graph. (TrainConfig refuses more
-    than one with PyG's sampler or a heterogeneous dataset, and the loader whatever it cannot
-    walk.)"""
+def batches_per_walk(requested: Optional[int], graph: TrainingGraph, sampler: str,
+                     batch_size: int) -> int:
+    """``--sample-batches``, or its default for this rank's graph and batch size.
+    (TrainConfig refuses more than one with PyG's sampler or a heterogeneous dataset, and the
+    loader whatever it cannot walk.)"""
     if requested is not None:
         return requested
-    on_gpu = not graph.is_hetero and graph.x.is_cuda and sampler == "native"
-    return GPU_BATCHES_PER_WALK if on_gpu else 1
+    if graph.is_hetero or sampler != "native":
+        return 1
+    return BATCHES_PER_WALK if graph.x.is_cuda or batch_size <= SMALL_CPU_BATCH else 1
 
 
 def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],

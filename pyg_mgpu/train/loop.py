@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from pyg_mgpu.distributed.context import RankContext
-from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
+from pyg_mgpu.distributed.grad_sync import GradSync
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
@@ -201,7 +201,7 @@ state before the next batch was drawn (for a checkpoint); it may raise to end th
 
 def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
                 ctx: RankContext, timer: StageTimer, epoch: int,
-                cfg: TrainConfig, grad_sync: Optional[DeferredAllReduce] = None,
+                cfg: TrainConfig, grad_sync: Optional[GradSync] = None,
                 totals: Optional[EpochTotals] = None, done: int = 0,
                 after_step: Optional[StepHook] = None) -> tuple[float, float, int]:
     """One epoch on this rank's shard; returns the global (loss, accuracy, classes predicted)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
-from pyg_mgpu.distributed.grad_sync import DeferredAllReduce
+from pyg_mgpu.distributed.grad_sync import GradSync, deferred_all_reduce
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
 from pyg_mgpu.nn.hetero import HeteroGNN
 from pyg_mgpu.nn.models import build_model
@@ -65,7 +65,7 @@ class Trainee:
     model: torch.nn.Module
     ddp: DistributedDataParallel
     optimizer: torch.optim.Optimizer
-    grad_sync: Optional[DeferredAllReduce]
+    grad_sync: Optional[GradSync]
 
 
 def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Trainee:
@@ -90,11 +90,13 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
     defer_allreduce = ours and ctx.device.type == "cpu"
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None, gradient_as_bucket_view=defer_allreduce)
-    grad_sync = DeferredAllReduce(ddp) if defer_allreduce else None
-    # Fused on GPUs: one kernel for every parameter instead of a dozen multi-tensor launches.
+    grad_sync = deferred_all_reduce(ddp, cfg.ranks.timeout_s) if defer_allreduce else None
+    # Fused: on a GPU one kernel for every parameter instead of a dozen multi-tensor launches,
+    # on the CPU one C++ loop instead of a Python one per parameter (PyG's recipe keeps its
+    # example's default there).
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.model.lr,
                                  weight_decay=cfg.model.weight_decay,
-                                 fused=ctx.device.type == "cuda" or None)
+                                 fused=ours or ctx.device.type == "cuda" or None)
     torch.manual_seed(cfg.training.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
     return Trainee(model, ddp, optimizer, grad_sync)
 
@@ -160,7 +162,8 @@ def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> R
                                batch_size=cfg.training.batch_size, num_workers=cfg.performance.num_workers,
                                feature_cache=feature_cache, device=ctx.device,
                                sample_batches=batches_per_walk(cfg.performance.sample_batches,
-                                                               graph, sampler))
+                                                               graph, sampler,
+                                                               cfg.training.batch_size))
     return RankData(graph, sampler, train_loader,
                     Evaluator(graph, cfg, ctx, sampler, feature_cache), feature_cache)
 
@@ -204,7 +207,7 @@ class StepCheckpoints:
                  progress: Progress, out: Path, sampler):
         self.cfg, self.ctx, self.trainee = cfg, ctx, trainee
         self.progress, self.out, self.sampler = progress, out, sampler
-        self.agreement = StopAgreement(cfg.faults.checkpoint_every_s)
+        self.agreement = StopAgreement(cfg.faults.checkpoint_every_s, timeout_s=cfg.ranks.timeout_s)
         self.epoch, self.steps, self.start = 0, 0, 0.0
 
     def begin_epoch(self, epoch: int, steps: int, start: float) -> None:
