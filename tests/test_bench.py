@@ -32,7 +32,7 @@ def test_ratios_are_epoch_times_over_pyg_mgpu_and_dgl():
 def test_rank_count_defaults_to_two_cpu_ranks_or_every_visible_gpu(tmp_path, monkeypatch):
     import torch
     commands = []
-    monkeypatch.setattr(bench, "_run", lambda cmd, out, *rest: commands.append(cmd) or
+    monkeypatch.setattr(bench, "_run", lambda cmd, out, *rest, **kw: commands.append(cmd) or
                         {"epoch_time_s": 1.0, "seeds_per_s": 1.0, "test_acc": 0.5})
     for devices, gpus, expected in (("cpu", 0, "2"), ("cuda", 1, "1"), ("auto", 3, "3")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
@@ -45,6 +45,40 @@ def test_rank_count_defaults_to_two_cpu_ranks_or_every_visible_gpu(tmp_path, mon
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert bench.main(TINY + ["--devices", "cuda", "--nprocs", "2", "--systems", "pyg_mgpu",
                               "--out", str(tmp_path)]) == 2
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="needs the git checkout")
+def test_baseline_runs_the_revisions_own_package_right_after_ours(tmp_path, monkeypatch):
+    runs = []
+
+    def fake_run(cmd, out, *rest, env=None, cwd=None):
+        runs.append((out.name, env and env["PYTHONPATH"], cwd))
+        return {"epoch_time_s": 2.0 if env else 1.0, "seeds_per_s": 1.0, "test_acc": 0.5}
+
+    monkeypatch.setattr(bench, "_run", fake_run)
+    first = subprocess.run(["git", "-C", str(REPO), "rev-list", "--max-parents=0", "HEAD"],
+                           capture_output=True, text=True).stdout.split()[0][:10]
+    at_first = subprocess.run(["git", "-C", str(REPO), "show", f"{first}:pyg_mgpu/__init__.py"],
+                              capture_output=True, text=True).stdout
+    assert bench.main(TINY + ["--systems", "pyg_model_native_sampler,pyg_mgpu",
+                              "--baseline", first, "--out", str(tmp_path)]) == 0
+    source = (tmp_path / "baseline_source").resolve()
+    assert [name for name, _, _ in runs] == ["pyg_model_native_sampler", "pyg_mgpu", "baseline"]
+    assert runs[2][1].split(os.pathsep)[0] == str(source) and runs[2][2] == source
+    # The revision's own package (the first commit's; unlike this checkout's, unless a shallow
+    # clone's first commit is its last).
+    assert (source / "pyg_mgpu" / "__init__.py").read_text() == at_first
+    results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert results[f"pyg_mgpu@{first}"]["epoch_time_vs_pyg_mgpu"] == 2.0
+
+
+def test_an_unknown_baseline_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(SystemExit, match="--baseline no-such-rev: git archive failed"):
+        bench.main(TINY + ["--systems", "pyg_mgpu", "--baseline", "no-such-rev",
+                           "--out", str(tmp_path)])
 
 
 @pytest.mark.slow

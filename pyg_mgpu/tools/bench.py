@@ -22,6 +22,9 @@ Systems:
 - ``pyg_recipe``: PyG's example as written, ``NeighborLoader`` sampling included; needs pyg-lib
   or torch-sparse (see docs/benchmarks.md for building torch-sparse).
 - ``dgl``: DGL's recipe (benchmarks/dgl_variant.py) in its own environment, when built.
+- ``pyg_mgpu@REV`` (``--baseline REV``): ``pyg_mgpu`` as of a git revision of this checkout,
+  run from its own copy of the package: a change's speed-up against the code before it, in the
+  same run.
 
 ``--sampler-only`` measures sampled edges per second for ``pyg_mgpu.NeighborSampler`` in each mode
 (directional, bidirectional, induced, weighted, disjoint, replace; one thread), through the loader
@@ -30,10 +33,12 @@ with DataLoader workers, and for PyG's ``NeighborLoader`` when pyg-lib or torch-
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -83,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default="pyg_mgpu,pyg_model_native_sampler,pyg_recipe,dgl",
                    help=f"comma-separated, from {', '.join(SYSTEMS)}; unavailable ones are "
                         "reported as skipped")
+    p.add_argument("--baseline", default=None, metavar="REV",
+                   help="also run pyg_mgpu as of this git revision of the checkout (system "
+                        "pyg_mgpu@REV, run right after pyg_mgpu)")
     p.add_argument("--dgl-python", default=None,
                    help="python of an environment with DGL (default: the one "
                         "benchmarks/dgl_env.sh builds, if present)")
@@ -127,13 +135,41 @@ def _steady_gpu_busy(metrics: dict) -> Optional[float]:
     return None if None in shares else sum(shares) / len(shares)
 
 
-def _run_pyg_mgpu(system: str, args, out: Path) -> dict:
+def _run_pyg_mgpu(system: str, args, out: Path, package_root: Optional[Path] = None) -> dict:
     cmd = [sys.executable, "-m", "pyg_mgpu.distributed_sampling", *_graph_flags(args),
            "--fanout", args.fanout, "--batch-size", str(args.batch_size),
            "--hidden", str(args.hidden), "--devices", args.devices, "--nprocs", str(args.nprocs),
            "--epochs", str(args.epochs), "--num-workers", str(args.num_workers),
-           "--seed", str(args.seed), "--out", str(out), *SYSTEM_FLAGS[system]]
-    return _run(cmd, out)
+           "--seed", str(args.seed), "--out", str(out.resolve()), *SYSTEM_FLAGS[system]]
+    env = cwd = None
+    if package_root is not None:  # ahead of the installed package and the checkout on sys.path
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(package_root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        cwd = package_root  # python -m puts the working folder first
+    return _run(cmd, out, env=env, cwd=cwd)
+
+
+def checkout_revision(rev: str, into: Path) -> Path:
+    """The package as of git revision ``rev`` of this checkout, extracted under ``into``;
+    raises SystemExit when there is no such revision or no git checkout."""
+    repo = Path(__file__).resolve().parents[2]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", rev, "pyg_mgpu"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"error: --baseline {rev}: git archive failed in {repo}: "
+                         f"{archive.stderr.decode(errors='replace').strip()}")
+    into = into.resolve()
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    imported = subprocess.run([sys.executable, "-c", "import pyg_mgpu; print(pyg_mgpu.__file__)"],
+                              capture_output=True, text=True, cwd=into,
+                              env={**os.environ, "PYTHONPATH": str(into)})
+    if not imported.stdout.strip().startswith(str(into)):
+        raise SystemExit(f"error: --baseline {rev}: python imports pyg_mgpu from "
+                         f"{imported.stdout.strip() or imported.stderr.strip()!r}, not from "
+                         f"the revision's copy in {into}")
+    return into
 
 
 def _run_dgl(args, out: Path) -> dict:
@@ -157,10 +193,13 @@ def _run_dgl(args, out: Path) -> dict:
     return result
 
 
-def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None) -> dict:
-    print("+ " + " ".join(cmd), flush=True)
+def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None,
+         env: Optional[dict] = None, cwd: Optional[Path] = None) -> dict:
+    print(("PYTHONPATH=" + env["PYTHONPATH"] + " " if env else "") + "+ " + " ".join(cmd),
+          flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, cwd=cwd)
     if proc.returncode != 0:
         return {"failed": f"exit code {proc.returncode}", "log_tail": proc.stdout[-2000:]}
     metrics = json.loads((out / "metrics.json").read_text())
@@ -177,7 +216,16 @@ def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None) -> dict:
 def run_training_bench(args, out: Path) -> dict:
     from pyg_mgpu.train.loaders import pyg_sampler_available
     results: dict = {}
-    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.baseline:
+        baseline = f"pyg_mgpu@{args.baseline}"
+        place = systems.index("pyg_mgpu") + 1 if "pyg_mgpu" in systems else 0
+        systems.insert(place, baseline)
+        source = checkout_revision(args.baseline, out / "baseline_source")
+    for system in systems:
+        if args.baseline and system == baseline:
+            results[system] = _run_pyg_mgpu("pyg_mgpu", args, out / "baseline", source)
+            continue
         if system not in SYSTEMS:
             raise SystemExit(f"error: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
         if system == "pyg_recipe" and not pyg_sampler_available():
