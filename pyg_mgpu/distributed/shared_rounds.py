@@ -87,8 +87,8 @@ class SharedRounds:
                 late = [r for r in range(self.world_size) if rounds[r] < round_]
                 raise RuntimeError(
                     f"rank {self.rank} waited {waited:.0f}s for rank(s) "
-                    f"{', '.join(map(str, late))} to reach exchange round {round_}; they did "
-                    f"not (the job's --timeout is {self.timeout_s:g}s)")
+                    f"{', '.join(map(str, late))} to reach exchange round {round_}, past the "
+                    f"timeout of {self.timeout_s:g}s (the CLI's --timeout)")
             pause = min(max(2 * pause, 20e-6), 1e-3)
             time.sleep(pause)
 
