@@ -192,9 +192,9 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
                              metavar="K",
                              help="batches the native sampler draws in one walk, each still "
                                   "its own batch: one walk's kernel launches and host reads "
-                                  "for K batches. Default: 8 on GPU ranks that sample on the "
-                                  "GPU and on CPU ranks with --batch-size 64 or less, else 1 "
-                                  "(on CPUs larger batches sample faster one at a time)")
+                                  "for K batches. Default: 8 where the sampler runs on the GPU, "
+                                  "or on the CPU with --batch-size 64 or less, else 1 (on the "
+                                  "CPU larger batches sample faster one at a time)")
     performance.add_argument("--profile", action="store_true",
                              help="print per-stage times per epoch")
     performance.add_argument("--trace-steps", type=int, default=d.trace_steps, metavar="N",

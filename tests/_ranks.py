@@ -55,11 +55,18 @@ def disagree_on_steps(ctx):
     check_equal_steps(10 + ctx.rank, ctx)  # a sharding bug would look like this
 
 
-def cannot_map_shared_memory(rank: int, ctx) -> None:
-    """Rank ``rank`` cannot see the segment that rank 0 makes, as on another machine."""
+def elsewhere(ctx, rank: int, what: str) -> None:
+    """Rank ``rank`` as on another machine (``what="cannot map"``: it looks for rank 0's segment
+    under another folder), or rank 0 without room in /dev/shm (``what="cannot create"``)."""
     from pyg_mgpu.distributed import shared_rounds
-    if ctx.rank == rank:
-        shared_rounds._map = lambda path, size, token: None
+    if ctx.rank != rank:
+        return
+    if what == "cannot map":
+        mapped = shared_rounds._map
+        shared_rounds._map = lambda path, size, token: mapped(
+            path.replace("/dev/shm/", "/dev/shm/another-machine-"), size, token)
+    else:
+        shared_rounds._create = lambda size: None
 
 
 def deferred_vs_blocking_allreduce(ctx, result, exchange="gloo"):
@@ -84,7 +91,9 @@ def deferred_vs_blocking_allreduce(ctx, result, exchange="gloo"):
         grad_sync = DeferredAllReduce(deferred)
     else:
         if exchange == "shared, unless rank 1 cannot map it":
-            cannot_map_shared_memory(1, ctx)
+            elsewhere(ctx, 1, "cannot map")
+        elif exchange == "shared, unless rank 0 cannot make it":
+            elsewhere(ctx, 0, "cannot create")
         grad_sync = deferred_all_reduce(deferred, timeout_s=60)
     result[ctx.rank, 3] = isinstance(grad_sync, SharedMemoryAllReduce)
     optimizers = [torch.optim.Adam(m.parameters(), lr=0.05) for m in (blocking, deferred)]
@@ -106,7 +115,7 @@ def deferred_vs_blocking_allreduce(ctx, result, exchange="gloo"):
     # The ranks saw different data, yet averaged gradients keep their models identical.
     gathered = [torch.empty_like(params[1]) for _ in range(ctx.world_size)]
     dist.all_gather(gathered, params[1])
-    result[ctx.rank, 2] = (gathered[0] - gathered[1]).abs().max()
+    result[ctx.rank, 2] = max((other - gathered[0]).abs().max() for other in gathered[1:])
 
 
 def link_metrics_over_ranks(ctx, scores, labels, pos, neg, result):

@@ -75,10 +75,12 @@ def test_baseline_runs_the_revisions_own_package_right_after_ours(tmp_path, monk
     assert results[f"pyg_mgpu@{first}"]["epoch_time_vs_pyg_mgpu"] == 2.0
 
 
-def test_an_unknown_baseline_is_refused_with_the_reason(tmp_path):
+def test_an_unknown_baseline_is_refused_with_the_reason(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--baseline no-such-rev: git archive failed"):
         bench.main(TINY + ["--systems", "pyg_mgpu", "--baseline", "no-such-rev",
                            "--out", str(tmp_path)])
+    assert bench.main(TINY + ["--step-costs", "--baseline", "HEAD"]) == 2
+    assert "--baseline compares training runs" in capsys.readouterr().err
 
 
 @pytest.mark.slow

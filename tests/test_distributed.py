@@ -1,5 +1,6 @@
 """2-rank gloo tests on CPU: shared memory, global sharding invariants, reductions, failures."""
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,18 +50,37 @@ def test_metrics_reduce_sums_and_counts_exactly():
         assert result[rank, 1].item() == pytest.approx((3 * 1.0 + 1 * 5.0) / 4)
 
 
+def shared_segments() -> set:
+    return set(Path("/dev/shm").glob("*pyg_mgpu-rounds-*"))
+
+
 @pytest.mark.parametrize("exchange,shared", [
     ("gloo", False),
     ("shared", True),  # the CLI's CPU ranks: one machine
     ("shared, unless rank 1 cannot map it", False),  # as on two machines: gloo on both ranks
+    ("shared, unless rank 0 cannot make it", False),  # /dev/shm full: gloo on both ranks
 ])
 def test_deferred_allreduce_trains_exactly_like_ddps_blocking_one(exchange, shared):
+    before = shared_segments()
     result = torch.full((2, 4), float("nan"), dtype=torch.float32).share_memory_()
     launch_local(_ranks.deferred_vs_blocking_allreduce, CPU2, args=(result, exchange))
     for rank in range(2):
         assert result[rank, 3].item() == shared, "the wrong exchange was picked"
         assert result[rank, 0].item() == 0.0, "deferred all-reduce changed the training"
         assert result[rank, 1].item() > 0.01, "the models did not train at all"
+        assert result[rank, 2].item() == 0.0, "the ranks' models drifted apart"
+    assert shared_segments() <= before, "a shared segment was left in /dev/shm"
+
+
+def test_three_ranks_through_shared_memory_keep_identical_replicas():
+    # Summed in rank order, not gloo's ring order: the same training up to rounding.
+    result = torch.full((3, 4), float("nan"), dtype=torch.float32).share_memory_()
+    launch_local(_ranks.deferred_vs_blocking_allreduce, [torch.device("cpu")] * 3,
+                 args=(result, "shared"))
+    for rank in range(3):
+        assert result[rank, 3].item() == 1.0
+        assert result[rank, 0].item() < 1e-5, "the shared exchange trained differently"
+        assert result[rank, 1].item() > 0.01
         assert result[rank, 2].item() == 0.0, "the ranks' models drifted apart"
 
 

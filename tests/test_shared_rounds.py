@@ -1,5 +1,8 @@
 """SharedRounds: the ranks' exchange through shared memory (its rounds, double buffer and
 timeout), in one process, with two ranks' views of one segment."""
+import errno
+import os
+
 import pytest
 import torch
 
@@ -59,3 +62,62 @@ def test_the_stop_flags_round_of_int64():
         slot[0], slot[1] = 15 * rank, 1 - rank  # rank 1 got SIGTERM, rank 0's checkpoint is due
         rounds.post()
     assert ranks[0].wait().amax(0).tolist() == [15, 1]
+
+
+def test_a_full_dev_shm_gives_no_segment_and_leaves_no_file(monkeypatch):
+    from pyg_mgpu.distributed import shared_rounds
+    if not (shared_rounds.shares_memory_here() and os.path.isdir("/dev/shm")):
+        pytest.skip("needs /dev/shm on x86-64")
+    before = set(os.listdir("/dev/shm"))
+
+    def no_room(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shared_rounds.os, "posix_fallocate", no_room)
+    assert shared_rounds._create(1 << 20) is None
+    assert set(os.listdir("/dev/shm")) == before
+    monkeypatch.undo()
+    made = shared_rounds._create(4096)  # with room: a file of that size, the token first
+    try:
+        path, token = made
+        assert os.path.getsize(path) == 4096 and open(path, "rb").read(16) == token
+        assert shared_rounds._map(path, 4096, token) is not None
+        assert shared_rounds._map(path, 4096, b"x" * 16) is None  # someone else's segment
+        assert shared_rounds._map(path + "-elsewhere", 4096, token) is None
+        assert not os.path.exists(path + "-elsewhere")  # looking never creates a file
+    finally:
+        os.unlink(made[0])
+
+
+class FakeBucket:
+    def __init__(self, values, last):
+        self.values, self.last = values, last
+
+    def buffer(self):
+        return self.values
+
+    def is_last(self):
+        return self.last
+
+
+class FakeDDP:
+    gradient_as_bucket_view = True
+
+    def register_comm_hook(self, state, hook):
+        self.hook = hook
+
+
+def test_the_shared_all_reduce_refuses_a_step_whose_last_bucket_never_came():
+    from pyg_mgpu.distributed.grad_sync import SharedMemoryAllReduce
+    size = _header_bytes(1) + _data_bytes(1, 5, torch.float32)
+    rounds = SharedRounds(torch.zeros(size, dtype=torch.uint8), 0, 1, 5, torch.float32, 30.0)
+    ddp = FakeDDP()
+    sync = SharedMemoryAllReduce(ddp, rounds)
+    first, second = torch.arange(3.0), torch.arange(3.0, 5.0)
+    ddp.hook(None, FakeBucket(first, last=False))
+    ddp.hook(None, FakeBucket(second, last=True))
+    sync.wait()  # one rank: each bucket is its own mean
+    assert first.tolist() == [0.0, 1.0, 2.0] and second.tolist() == [3.0, 4.0]
+    ddp.hook(None, FakeBucket(torch.ones(3), last=False))
+    with pytest.raises(RuntimeError, match="not its last one"):
+        sync.wait()  # would have summed the step before's round into this step's bucket

@@ -8,8 +8,10 @@ loads the next batch (sampling, gathering) and then calls ``wait()`` before the 
 
 :func:`deferred_all_reduce` picks the exchange: through shared memory when the ranks share a
 machine (:class:`SharedMemoryAllReduce`), else gloo's (:class:`DeferredAllReduce`). Both do
-DDP's default hook's arithmetic (each bucket divided by the world size, then summed), so
-training is what it would be with the blocking hook.
+DDP's default hook's arithmetic (each bucket divided by the world size, then summed): gloo's
+deferred all-reduce trains exactly as the blocking one, and so does the shared-memory one with
+two ranks; with more, its sums add the ranks in another order than gloo's (the same on every
+rank, so the replicas stay identical).
 """
 # No "from __future__ import annotations": DDP checks the hook's return annotation as an object.
 from typing import Union
@@ -83,6 +85,7 @@ class SharedMemoryAllReduce:
         self._rounds = rounds
         self._pending: list = []  # (offset, bucket buffer) of this step's buckets
         self._filled = 0
+        self._posted = False  # this step's round, once its last bucket is in
         ddp.register_comm_hook(None, self._hook)
 
     def _hook(self, _state, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -96,6 +99,7 @@ class SharedMemoryAllReduce:
         self._filled += buffer.numel()
         if bucket.is_last():
             self._rounds.post()
+            self._posted = True
         return _started(buffer)
 
     @property
@@ -106,6 +110,9 @@ class SharedMemoryAllReduce:
         """Blocks until every rank has posted this step's gradients, then sums them."""
         if not self._pending:
             return
+        if not self._posted:  # else wait() would hand back the last step's round
+            raise RuntimeError("DDP handed over some gradient buckets but not its last one; "
+                               "every bucket must be ready before wait()")
         ranks = self._rounds.wait()
         for offset, buffer in self._pending:
             rows = ranks[:, offset:offset + buffer.numel()]
@@ -117,6 +124,7 @@ class SharedMemoryAllReduce:
                 buffer.add_(row)
         self._pending.clear()
         self._filled = 0
+        self._posted = False
 
 
 GradSync = Union[SharedMemoryAllReduce, DeferredAllReduce]
@@ -127,6 +135,7 @@ def deferred_all_reduce(ddp: DistributedDataParallel, timeout_s: float = DEFAULT
     """``ddp``'s deferred all-reduce: through shared memory where every rank of its process
     group can map one segment (one x86-64 machine) and its gradients share a dtype, else
     gloo's. A collective."""
+    _check_bucket_views(ddp)
     params = [p for p in ddp.parameters() if p.requires_grad]
     dtypes = {p.dtype for p in params}
     numel = sum(p.numel() for p in params)

@@ -13,10 +13,10 @@ other machines, and across machines, the callers keep gloo.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import secrets
-import tempfile
 import time
 import uuid
 from typing import Optional
@@ -28,6 +28,7 @@ import torch.distributed as dist
 _LINE = 64  # bytes: each rank's round number on a cache line of its own
 _TOKEN = 16  # random bytes at the segment's start, by which each rank checks it opened the same
 _SPIN_S = 5e-3  # a wait yields the core for this long, then sleeps in growing steps
+_FOLDER = "/dev/shm"  # memory, never a disk or a network filesystem
 
 
 class SharedRounds:
@@ -107,36 +108,57 @@ def shares_memory_here() -> bool:
 
 
 def _map(path: str, size: int, token: bytes) -> Optional[torch.Tensor]:
-    """The segment rank 0 made, mapped, or None where this rank cannot see it."""
+    """The segment rank 0 made, mapped, or None where this rank cannot see it (another
+    machine, or another ``/dev/shm``). Never creates a file."""
     try:
-        storage = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-    except (OSError, RuntimeError):
-        return None  # another machine: the file is not there
+        if os.path.getsize(path) != size:
+            return None
+    except OSError:
+        return None  # not there
+    storage = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
     if bytes(storage[:_TOKEN].numpy()) != token:
         return None  # a file of that name, but not the one rank 0 wrote
     return storage
+
+
+def _create(size: int) -> Optional[tuple[str, bytes]]:
+    """A fresh segment of ``size`` bytes in ``/dev/shm`` (its path and token), its pages
+    reserved up front, or None where that fails: a ``/dev/shm`` too small for it would
+    otherwise end the process with SIGBUS at its first write."""
+    if not shares_memory_here() or not os.path.isdir(_FOLDER):
+        return None
+    path = os.path.join(_FOLDER, f"pyg_mgpu-rounds-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    token = secrets.token_bytes(_TOKEN)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)  # zeros: every rank's round number starts at 0
+            os.pwrite(fd, token, 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    return path, token
 
 
 def open_shared_rounds(numel: int, dtype: torch.dtype, group, timeout_s: float
                        ) -> Optional[SharedRounds]:
     """A :class:`SharedRounds` over the ranks of ``group`` (a gloo group; None: the default
     group) whose waits give up after ``timeout_s``, or None on every rank when they cannot
-    share one: they are on several machines (or do not share ``/dev/shm``), or not on x86-64.
-    A collective: every rank of ``group`` calls it, in the same order as its other collectives.
+    share one: they are on several machines (or do not share ``/dev/shm``), ``/dev/shm`` has
+    no room for it, or the machine is not x86-64. A collective: every rank of ``group`` calls
+    it, in the same order as its other collectives.
     """
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     size = _header_bytes(world_size) + _data_bytes(world_size, numel, dtype)
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     named = [None, None]
-    if rank == 0 and shares_memory_here():
-        path = os.path.join(folder, f"pyg_mgpu-rounds-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        token = secrets.token_bytes(_TOKEN)
-        with open(path, "wb") as f:
-            f.write(token)
-            f.truncate(size)  # zeros: every rank's round number starts at 0
-        named = [path, token]
+    if rank == 0:
+        named = list(_create(size) or named)
     try:
-        dist.broadcast_object_list(named, group=group, group_src=0)
+        source = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.broadcast_object_list(named, src=source, group=group)
         path, token = named
         storage = None if path is None else _map(path, size, token)
         everyone = torch.tensor([int(storage is not None)])
@@ -147,4 +169,3 @@ def open_shared_rounds(numel: int, dtype: torch.dtype, group, timeout_s: float
     if not everyone.item():
         return None
     return SharedRounds(storage, rank, world_size, numel, dtype, timeout_s)
-

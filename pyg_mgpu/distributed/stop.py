@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Iterator, Optional
 
 import torch
@@ -205,7 +206,7 @@ class StopAgreement:
 
     def __init__(self, checkpoint_every_s: Optional[float] = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.group = dist.new_group(backend="gloo")
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.checkpoint_every_s = checkpoint_every_s
         self._last_checkpoint = time.monotonic()
         self._rounds = open_shared_rounds(2, torch.int64, self.group, timeout_s)
@@ -254,7 +255,7 @@ class StopAgreement:
         self._last_checkpoint = time.monotonic()
 
     def close(self) -> None:
-        """Waits for the exchange in flight, so none is left when the group goes."""
+        """Waits for a gloo exchange in flight, so none is left when the group goes."""
         if self._pending is not None:
             if self._pending[0] is not None:
                 self._pending[0].wait()

@@ -37,6 +37,7 @@ import io
 import json
 import os
 import subprocess
+import shutil
 import sys
 import tarfile
 import time
@@ -159,7 +160,8 @@ def checkout_revision(rev: str, into: Path) -> Path:
         raise SystemExit(f"error: --baseline {rev}: git archive failed in {repo}: "
                          f"{archive.stderr.decode(errors='replace').strip()}")
     into = into.resolve()
-    into.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(into, ignore_errors=True)  # no files left from another revision
+    into.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     imported = subprocess.run([sys.executable, "-c", "import pyg_mgpu; print(pyg_mgpu.__file__)"],
@@ -195,8 +197,8 @@ def _run_dgl(args, out: Path) -> dict:
 
 def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None,
          env: Optional[dict] = None, cwd: Optional[Path] = None) -> dict:
-    print(("PYTHONPATH=" + env["PYTHONPATH"] + " " if env else "") + "+ " + " ".join(cmd),
-          flush=True)
+    where = f"(in {cwd}) PYTHONPATH={env['PYTHONPATH']} " if env else ""
+    print(f"+ {where}{' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env, cwd=cwd)
@@ -266,6 +268,10 @@ def format_training(results: dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.baseline and (args.step_costs or args.sampler_only):
+        print("error: --baseline compares training runs; drop it with --step-costs or "
+              "--sampler-only", file=sys.stderr)
+        return 2
     try:  # one rank count for every system, DGL's included
         args.nprocs = len(resolve_devices(args.devices, args.nprocs))
     except ValueError as err:

@@ -152,7 +152,7 @@ def _leave_stops_to_the_rank(worker_id: int) -> None:
 
 
 # Batches per walk by default: a walk's kernel launches and host reads are shared by its
-# batches. On a GPU that pays at any batch size; on the CPU only batches of at most
+# batches. Sampling on a GPU that pays at any batch size; on the CPU only batches of at most
 # SMALL_CPU_BATCH seeds gain (their ops cost more to issue than to run), and larger ones lose
 # more to the split than they save (docs/benchmarks.md).
 BATCHES_PER_WALK = 8

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.torch_version import TorchVersion
 from tqdm import tqdm
 
 from pyg_mgpu.data.protocol import TrainingGraph
@@ -68,6 +69,9 @@ class Trainee:
     grad_sync: Optional[GradSync]
 
 
+_FUSED_CPU_ADAM = TorchVersion(torch.__version__) >= "2.4"  # CPU kernels from torch 2.4 on
+
+
 def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Trainee:
     """The model (identical initial weights on every rank), wrapped in DDP, and its optimizer."""
     torch.manual_seed(cfg.training.seed)
@@ -96,7 +100,8 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
     # example's default there).
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.model.lr,
                                  weight_decay=cfg.model.weight_decay,
-                                 fused=ours or ctx.device.type == "cuda" or None)
+                                 fused=(ours and _FUSED_CPU_ADAM) or ctx.device.type == "cuda"
+                                 or None)
     torch.manual_seed(cfg.training.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
     return Trainee(model, ddp, optimizer, grad_sync)
 
