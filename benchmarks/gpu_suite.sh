@@ -12,6 +12,10 @@
 #                                                          # 2 gloo ranks on one GPU
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT full      # products-scale training bench
 #                                                          # with nvidia-smi sampling
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT recipe    # PyG's recipe beside pyg_mgpu at
+#                                                          # products scale, with the
+#                                                          # torch-scatter/torch-sparse wheels
+#                                                          # in SUITE_WHEELS (.dev/wheels)
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT lean      # the first call on a fresh GPU
 #                                                          # (about 8 minutes): versions,
 #                                                          # pytest -m gpu (6 at once), the
@@ -20,8 +24,9 @@
 #                                                          # kernel trace at 2.4M nodes, and
 #                                                          # host memory of 2 ranks on one
 #                                                          # pinned copy
-#   bash benchmarks/gpu_suite.sh OUT quick                  # all but full (over one call)
-#   bash benchmarks/gpu_suite.sh OUT all                    # all four (over one call)
+#   bash benchmarks/gpu_suite.sh OUT quick                  # all but full and recipe (over
+#                                                          # one call)
+#   bash benchmarks/gpu_suite.sh OUT all                    # all five (over one call)
 #   DRY_RUN=1 bash benchmarks/gpu_suite.sh OUT all          # print the commands, run nothing
 #
 # Each step runs under `timeout`, logs to OUT/<step>.log, and the suite goes on after a
@@ -37,11 +42,13 @@ set -u
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [tests|sampler|variants|full|quick|all]}
 PART=${2:-all}
 case "$PART" in
-  tests|sampler|variants|full|lean|quick|all) ;;
-  *) echo "part must be tests, sampler, variants, full, lean, quick or all" >&2; exit 2;;
+  tests|sampler|variants|full|recipe|lean|quick|all) ;;
+  *) echo "part must be tests, sampler, variants, full, recipe, lean, quick or all" >&2; exit 2;;
 esac
-want() {  # want tests|sampler|variants|full: whether PART includes it
-  case "$PART" in all|lean) true;; quick) [ "$1" != full ];; *) [ "$1" = "$PART" ];; esac
+want() {  # want tests|sampler|variants|full|recipe: whether PART includes it
+  case "$PART" in
+    all|lean) true;; quick) [ "$1" != full ] && [ "$1" != recipe ];; *) [ "$1" = "$PART" ];;
+  esac
 }
 if [ "$PART" = lean ]; then  # these steps of every part, in the parts' order
   SUITE_STEPS=${SUITE_STEPS:-"env pytest_gpu sampler_2_4m trace_products host_memory products"}
@@ -232,6 +239,21 @@ if want full; then
     --batch-size 1024 --epochs "$epochs" --num-workers 4 --systems "$systems" \
     --out "$OUT/products"
   if [ "$DRY" != 1 ]; then kill "$SMI" 2>/dev/null; wait "$SMI" 2>/dev/null; summarize; fi
+fi
+if want recipe; then
+  # PyG's recipe (NeighborLoader sampling with torch-sparse on the CPU) beside pyg_mgpu on the
+  # products-sized graph, one run, 2 epochs each. The wheels must be built for this image's
+  # Python and torch (docs/benchmarks.md); they are installed into a folder of their own that
+  # only this step puts on the path, so every other step runs without them.
+  WHEELS=${SUITE_WHEELS:-.dev/wheels}
+  SITE="$OUT/torch_sparse_site"
+  step recipe_env 180 bash -c "$PY -m pip install --no-index --no-deps --target '$SITE' \
+'$WHEELS'/torch_scatter-*.whl '$WHEELS'/torch_sparse-*.whl && PYTHONPATH='$SITE' $PY -c \
+'import torch, torch_sparse; print(torch.__version__, torch_sparse.__version__)'"
+  step products_recipe 600 env PYTHONPATH="$SITE:$PYTHONPATH" "$PY" -m pyg_mgpu.bench \
+    --devices cuda --nprocs 1 --num-nodes 2400000 --num-edges 62000000 --num-features 100 \
+    --num-classes 47 --fanout 15,10,5 --batch-size 1024 --epochs 2 --num-workers 4 \
+    --systems pyg_mgpu,pyg_recipe --out "$OUT/products_recipe"
 fi
 # Every log, metrics.json, bench.json and GPU usage sample in one file, to copy off the machine.
 [ "$DRY" = 1 ] || { (cd "$OUT" && tar czf results.tar.gz --exclude='*.pt' --exclude='*.png' \

@@ -177,6 +177,7 @@ GPU_SUITE_PARTS = {
                  "amp_bf16", "compile", "prefetch2", "layerwise", "eval_all", "resume",
                  "stop_resume", "hetero_example", "hetero_cli", "gloo_2ranks", "host_memory"],
     "full": ["products"],
+    "recipe": ["recipe_env", "products_recipe"],
 }
 
 
@@ -187,7 +188,8 @@ def gpu_suite_steps(out, part, **env):
     return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
 
 
-@pytest.mark.parametrize("part", ["tests", "sampler", "variants", "full", "quick", "all"])
+@pytest.mark.parametrize("part", ["tests", "sampler", "variants", "full", "recipe", "quick",
+                                  "all"])
 def test_gpu_suite_parts_together_run_every_step_once(tmp_path, part):
     """The GPU suite's parts, each run on its own, together run every step once."""
     expected = {"quick": sum((GPU_SUITE_PARTS[p] for p in ("tests", "sampler", "variants")),
