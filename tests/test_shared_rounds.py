@@ -121,3 +121,34 @@ def test_the_shared_all_reduce_refuses_a_step_whose_last_bucket_never_came():
     ddp.hook(None, FakeBucket(torch.ones(3), last=False))
     with pytest.raises(RuntimeError, match="not its last one"):
         sync.wait()  # would have summed the step before's round into this step's bucket
+
+
+def test_a_peer_that_exited_ends_the_wait_long_before_the_timeout():
+    import subprocess
+    import sys
+    import time
+
+    lone, peer = two_ranks(timeout_s=300.0)
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    peer._processes[1] = exited.pid, peer._processes[1][1]  # rank 1 was that process
+    lone.slot().fill_(1.0)
+    lone.post()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"rank 1 \(pid {exited.pid}\) .* has exited"):
+        lone.wait()
+    assert time.monotonic() - start < 30
+
+
+def test_a_live_peer_is_waited_for():
+    import threading
+    lone, peer = two_ranks(timeout_s=300.0)  # both are this process: alive
+    lone.slot().fill_(1.0)
+    lone.post()
+
+    def late_post():
+        peer.slot().fill_(2.0)
+        peer.post()
+
+    threading.Timer(1.5, late_post).start()  # past the first liveness check
+    assert lone.wait()[:, 0].tolist() == [1.0, 2.0]

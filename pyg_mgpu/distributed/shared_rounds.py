@@ -46,6 +46,9 @@ class SharedRounds:
         header = _header_bytes(world_size)
         lines = storage[_LINE:header].view(torch.int64).view(world_size, _LINE // 8)
         self._rounds = lines[:, 0].numpy()  # a view: reads the peers' numbers as they change
+        # Each rank's process and pid namespace, by which a waiting peer tells it has exited.
+        self._processes = lines[:, 1:3].numpy()
+        self._processes[rank] = os.getpid(), _pid_namespace()
         self._buffers = storage[header:header + _data_bytes(world_size, numel, dtype)].view(
             dtype).view(2, world_size, numel)
         self._storage = storage  # keeps the mapping alive
@@ -78,9 +81,11 @@ class SharedRounds:
         if rounds.min() >= round_:
             return
         start = time.monotonic()
+        check_at = start + 1.0
         pause = 0.0
         while rounds.min() < round_:
-            waited = time.monotonic() - start
+            now = time.monotonic()
+            waited = now - start
             if waited < _SPIN_S:
                 os.sched_yield()
                 continue
@@ -90,8 +95,41 @@ class SharedRounds:
                     f"rank {self.rank} waited {waited:.0f}s for rank(s) "
                     f"{', '.join(map(str, late))} to reach exchange round {round_}, past the "
                     f"timeout of {self.timeout_s:g}s (the CLI's --timeout)")
+            if now >= check_at:
+                self._check_alive(round_)
+                check_at = now + 1.0
             pause = min(max(2 * pause, 20e-6), 1e-3)
             time.sleep(pause)
+
+    def _check_alive(self, round_: int) -> None:
+        """Raises if a rank that has not reached ``round_`` has exited (a job whose launcher
+        does not end the others when one dies would otherwise wait out the timeout)."""
+        namespace = _pid_namespace()
+        for rank in range(self.world_size):
+            pid, its_namespace = (int(v) for v in self._processes[rank])
+            if self._rounds[rank] >= round_ or not pid or not namespace or \
+                    its_namespace != namespace:
+                continue  # arrived, not started, or its pid means nothing here
+            if not _running(pid):
+                raise RuntimeError(f"rank {self.rank} waited for rank {rank} (pid {pid}) to "
+                                   f"reach exchange round {round_}, but that process has exited")
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode), 0 where /proc does not say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _header_bytes(world_size: int) -> int:
