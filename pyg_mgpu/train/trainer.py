@@ -1,11 +1,11 @@
 """What one CLI rank does: build the model and loaders, train, validate, test, report.
 
-:func:`run_training` reads top to bottom as the recipe: a DDP model (:func:`build_ddp`), this
-rank's loaders over the shared graph (:func:`build_loaders`), an optional resume, the epochs
-(:func:`fit`: :func:`~pyg_mgpu.train.loop.train_epoch`, validation, checkpoint; a stop signal
-ends them at the next step, with a checkpoint of it), then the test accuracy of the best model
-and the run's outputs (:func:`report`). Validation runs on rank 0
-between barriers (``--eval-on rank0``, the recipe's shape) or sharded over all ranks
+:func:`run_training` reads top to bottom as the recipe: a DDP model
+(:func:`~pyg_mgpu.train.trainee.build_ddp`), this rank's loaders over the shared graph
+(:func:`build_loaders`), an optional resume, the epochs (:func:`fit`:
+:func:`~pyg_mgpu.train.loop.train_epoch`, validation, checkpoint; a stop signal ends them at the
+next step, with a checkpoint of it), then the test accuracy of the best model and the run's
+outputs (:func:`report`). Validation runs on rank 0 between barriers (``--eval-on rank0``, the recipe's shape) or sharded over all ranks
 (``--eval-on all``); either way accuracies are sums and counts divided once.
 """
 from __future__ import annotations
@@ -19,16 +19,11 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-from torch.torch_version import TorchVersion
 from tqdm import tqdm
 
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
-from pyg_mgpu.distributed.grad_sync import GradSync, deferred_all_reduce
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
-from pyg_mgpu.nn.hetero import HeteroGNN
-from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
@@ -56,54 +51,7 @@ from pyg_mgpu.train.loaders import (
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
 from pyg_mgpu.train.trace import StepTrace, format_top
-
-
-@dataclass
-class Trainee:
-    """The model as trained: the module, its DDP wrapper, the optimizer, the deferred
-    all-reduce (CPU ranks) or None."""
-
-    model: torch.nn.Module
-    ddp: DistributedDataParallel
-    optimizer: torch.optim.Optimizer
-    grad_sync: Optional[GradSync]
-
-
-_FUSED_CPU_ADAM = TorchVersion(torch.__version__) >= "2.4"  # CPU kernels from torch 2.4 on
-
-
-def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Trainee:
-    """The model (identical initial weights on every rank), wrapped in DDP, and its optimizer."""
-    torch.manual_seed(cfg.training.seed)
-    ours = cfg.model.recipe == "pyg_mgpu"
-    # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
-    # --compile inductor fuses PyG's plain ReLU and dropout instead.
-    if graph.is_hetero:
-        model = HeteroGNN(graph.data.metadata(), graph.num_features, cfg.model.hidden,
-                          graph.num_classes, cfg.training.num_layers, graph.target, cfg.model.dropout,
-                          conv=cfg.model.model).to(ctx.device)
-    else:
-        model = build_model(cfg.model.model, graph.num_features, cfg.model.hidden, graph.num_classes,
-                            cfg.training.num_layers, cfg.model.dropout, heads=cfg.model.heads, norm=cfg.model.norm,
-                            sparse_aggregation=ours,
-                            fast_dropout=ours and not cfg.performance.compile).to(ctx.device)
-    if cfg.performance.compile:
-        model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
-    # CPU ranks overlap the gradient all-reduce with loading the next batch; PyG's recipe
-    # keeps DDP as its example has it. (On GPUs NCCL's all-reduce is asynchronous already.)
-    defer_allreduce = ours and ctx.device.type == "cpu"
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
-                                  else None, gradient_as_bucket_view=defer_allreduce)
-    grad_sync = deferred_all_reduce(ddp, cfg.ranks.timeout_s) if defer_allreduce else None
-    # Fused: on a GPU one kernel for every parameter instead of a dozen multi-tensor launches,
-    # on the CPU one C++ loop instead of a Python one per parameter (PyG's recipe keeps its
-    # example's default there).
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.model.lr,
-                                 weight_decay=cfg.model.weight_decay,
-                                 fused=(ours and _FUSED_CPU_ADAM) or ctx.device.type == "cuda"
-                                 or None)
-    torch.manual_seed(cfg.training.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
-    return Trainee(model, ddp, optimizer, grad_sync)
+from pyg_mgpu.train.trainee import Trainee, build_ddp
 
 
 class Evaluator:
