@@ -11,9 +11,9 @@ def agree_on_a_stop(ctx, signal_at_step, steps_out, shared=True):
     """Rank 1 gets SIGTERM during step ``signal_at_step``; both ranks record the step at which
     the agreement told them to stop. ``shared=False``: rank 1 cannot map the shared segment,
     so the flags go through gloo."""
-    if not shared and ctx.rank == 1:
-        from pyg_mgpu.distributed import shared_rounds
-        shared_rounds._map = lambda path, size, token: None
+    if not shared:
+        from _ranks import elsewhere
+        elsewhere(ctx, 1, "cannot map")
     agreement = stop.StopAgreement()
     assert (agreement._rounds is not None) == shared
     with stop.graceful():

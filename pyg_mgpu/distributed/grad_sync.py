@@ -85,7 +85,6 @@ class SharedMemoryAllReduce:
         self._rounds = rounds
         self._pending: list = []  # (offset, bucket buffer) of this step's buckets
         self._filled = 0
-        self._posted = False  # this step's round, once its last bucket is in
         ddp.register_comm_hook(None, self._hook)
 
     def _hook(self, _state, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -99,7 +98,6 @@ class SharedMemoryAllReduce:
         self._filled += buffer.numel()
         if bucket.is_last():
             self._rounds.post()
-            self._posted = True
         return _started(buffer)
 
     @property
@@ -110,7 +108,7 @@ class SharedMemoryAllReduce:
         """Blocks until every rank has posted this step's gradients, then sums them."""
         if not self._pending:
             return
-        if not self._posted:  # else wait() would hand back the last step's round
+        if not self._rounds.unread:  # else wait() would hand back the last step's round
             raise RuntimeError("DDP handed over some gradient buckets but not its last one; "
                                "every bucket must be ready before wait()")
         ranks = self._rounds.wait()
@@ -124,7 +122,6 @@ class SharedMemoryAllReduce:
                 buffer.add_(row)
         self._pending.clear()
         self._filled = 0
-        self._posted = False
 
 
 GradSync = Union[SharedMemoryAllReduce, DeferredAllReduce]

@@ -55,16 +55,21 @@ class SharedRounds:
         self._posted = int(self._rounds[rank])
         self._read = self._posted
 
+    @property
+    def unread(self) -> bool:
+        """Whether this rank has posted a round it has not read yet."""
+        return self._read != self._posted
+
     def slot(self) -> torch.Tensor:
         """This rank's slot of the next round, to write its vector into."""
-        if self._read != self._posted:
+        if self.unread:
             raise RuntimeError("SharedRounds: read the round posted last (wait()) before "
                                "writing the next one; a peer may still be reading its buffer")
         return self._buffers[(self._posted + 1) % 2, self.rank]
 
     def post(self) -> None:
         """Publishes this rank's slot as the next round."""
-        if self._read != self._posted:
+        if self.unread:
             raise RuntimeError("SharedRounds: post() twice without wait() in between")
         self._posted += 1
         self._rounds[self.rank] = self._posted  # after the slot's stores, so seen after them
