@@ -193,15 +193,17 @@ def test_step_checkpoint_after_a_crash_resumes_mid_epoch_exactly(tmp_path, unint
 
 
 def test_resume_inside_a_walk_of_several_batches_is_exact(tmp_path):
-    # --sample-batches 3 draws batches 3 at a time; a checkpoint after step 5 or 10 lies
-    # inside a walk, which the resumed run draws again from its start.
+    # --sample-batches 3 draws batches 3 at a time; a checkpoint inside a walk is drawn again
+    # from the walk's start by the resumed run. Every 3rd step of the run (79 per epoch) puts
+    # each of epoch 2's checkpoints at steps 2, 5, 8, ...: inside a walk, however many more the
+    # job writes before it is killed.
     args = ARGS + ["--sample-batches", "3"]
     whole = tmp_path / "whole"
     assert main(args + ["--out", str(whole)]) == 0
     reference = json.loads((whole / "metrics.json").read_text())
     run = tmp_path / "run"
     step = crash_after_step_checkpoint(
-        CLI + args + ["--out", str(run), "--checkpoint-every-steps", "5"], run,
+        CLI + args + ["--out", str(run), "--checkpoint-every-steps", "3"], run,
         tmp_path / "log.txt", epoch=2, mid_walk_of=3)
     assert 0 < step["done"] < 79 and step["done"] % 3
     assert main(args + ["--resume", str(run)]) == 0
