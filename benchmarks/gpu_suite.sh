@@ -6,7 +6,7 @@
 #   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT sampler   # GPU sampler on 1M / 2.4M nodes,
 #                                                          # per-stage profile and kernel
 #                                                          # trace at 2.4M nodes
-#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 9 CLI variants, a stop and resume,
+#   PYTHONPATH=. bash benchmarks/gpu_suite.sh OUT variants  # 10 CLI variants, a stop and resume,
 #                                                          # the heterogeneous example
 #                                                          # and CLI,
 #                                                          # 2 gloo ranks on one GPU
@@ -188,6 +188,7 @@ if want variants; then
   train graph_cpu_mmap 240 --devices "$DEV" --graph-on cpu --features-on mmap \
     --feature-cache-gb 0.02
   train amp_bf16 240 --devices "$DEV" --amp bf16
+  train cuda_graph 240 --devices "$DEV" --cuda-graph
   train compile 300 --devices "$DEV" --compile
   train prefetch2 240 --devices "$DEV" --prefetch 2
   train layerwise 240 --devices "$DEV" --inference layerwise
@@ -231,7 +232,8 @@ if want full; then
     SMI=$!
   fi
   # The lean part: the GPU's own modes only, 2 epochs each (the second is the one reported).
-  systems=pyg_mgpu,pyg_mgpu_graph_on_host,pyg_mgpu_one_batch_per_walk,pyg_mgpu_bf16
+  systems=pyg_mgpu,pyg_mgpu_cuda_graph,pyg_mgpu_graph_on_host,pyg_mgpu_one_batch_per_walk
+  systems=$systems,pyg_mgpu_bf16
   epochs=2
   [ "$PART" = lean ] || { systems=$systems,pyg_model_native_sampler,pyg_recipe; epochs=3; }
   step products 600 "$PY" -m pyg_mgpu.bench --devices cuda --nprocs 1 --num-nodes 2400000 \

@@ -169,6 +169,11 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
     performance.add_argument("--compile", action="store_true", default=d.compile,
                              help="torch.compile the model (dynamic shapes; inductor fuses ReLU "
                                   "and dropout itself); meant for GPUs")
+    performance.add_argument("--cuda-graph", action="store_true", default=d.cuda_graph,
+                             help="replay each step's forward and backward from a CUDA graph, "
+                                  "every hop's nodes and edges padded to a few sizes (our "
+                                  "GraphSAGE, homogeneous data; CPU ranks run the padded step "
+                                  "without a graph)")
     performance.add_argument("--graph-on", choices=GRAPH_PLACES, default=d.graph_on,
                              help="where GPU ranks keep graph and features: gpu = a copy on "
                                   "each GPU; cpu = the shared host copy, sampled on the CPU; "

@@ -174,7 +174,7 @@ GPU_SUITE_PARTS = {
     "tests": ["env", "pytest_gpu"],
     "sampler": ["sampler_1m", "sampler_2_4m", "profile_products", "trace_products"],
     "variants": ["graph_gpu", "graph_host", "walk_1", "graph_cpu_cache", "graph_cpu_mmap",
-                 "amp_bf16", "compile", "prefetch2", "layerwise", "eval_all", "resume",
+                 "amp_bf16", "cuda_graph", "compile", "prefetch2", "layerwise", "eval_all", "resume",
                  "stop_resume", "hetero_example", "hetero_cli", "gloo_2ranks", "host_memory"],
     "full": ["products"],
     "recipe": ["recipe_env", "products_recipe"],
@@ -205,9 +205,21 @@ def test_the_lean_part_runs_the_first_calls_steps_with_the_gpus_modes(tmp_path):
                           text=True, env={**os.environ, "DRY_RUN": "1"}, check=True)
     products = next(line for line in done.stdout.splitlines() if line.startswith("== products"))
     assert "--epochs 2" in products and "pyg_recipe" not in products
+    assert "pyg_mgpu_cuda_graph" in products
     full = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "full"], capture_output=True,
                           text=True, env={**os.environ, "DRY_RUN": "1"}, check=True).stdout
     assert "--epochs 3" in full and "pyg_recipe" in full
+
+
+def test_every_system_the_gpu_suite_names_is_the_benchs(tmp_path):
+    done = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "all"], capture_output=True,
+                          text=True, env={**os.environ, "DRY_RUN": "1"}, check=True).stdout
+    named = [line.split("--systems ")[1].split()[0].split(",")
+             for line in done.splitlines() if "--systems " in line]
+    assert len(named) == 2  # products, products_recipe
+    for systems in named:
+        unknown = set(systems) - set(bench.SYSTEMS)
+        assert not unknown and set(systems) - {"pyg_recipe", "dgl"} <= set(bench.SYSTEM_FLAGS)
 
 
 def test_gpu_suite_runs_only_the_named_steps(tmp_path):

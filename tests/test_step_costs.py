@@ -60,10 +60,32 @@ def test_bench_writes_the_step_costs(tmp_path):
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["mode"] == "step_costs"
     alone, walked = report["results"], report["results"]["walked"]
+    assert report["results"]["cuda_graph"]["captured"]["host_syncs"] == 0
     assert alone["total"]["kernel_ops"] > 0 and walked["sample_batches"] == 3
     # Three batches per walk: the sampler's launches and reads shared three ways.
     assert walked["stages"]["sampling"]["kernel_ops"] * 2 < alone["stages"]["sampling"]["kernel_ops"]
     assert walked["stages"]["sampling"]["host_syncs"] * 2 < alone["stages"]["sampling"]["host_syncs"]
+
+
+def test_a_graphed_step_counts_its_captured_ops_as_one_launch():
+    graph = make_synthetic(SyntheticSpec(num_nodes=2000, num_edges=20000, num_features=8,
+                                         num_classes=4), 0)
+    plain = count_steps(graph, fanout=(5, 3), batch_size=64, hidden=16, steps=2)
+    graphed = count_steps(graph, fanout=(5, 3), batch_size=64, hidden=16, steps=2,
+                          cuda_graph=True)
+    captured = graphed["captured"]
+    assert captured["host_syncs"] == 0  # a capture would refuse one
+    # The graph holds the model's forward and backward, zeroes the flat gradient buffer and
+    # adds each of the 6 parameters' gradients into it (2 layers: lin_l, its bias, lin_r).
+    model_ops = sum(plain["stages"][s]["kernel_ops"] for s in ("forward", "backward"))
+    assert captured["kernel_ops"] == model_ops + 1 + 6
+    assert graphed["stages"]["backward"]["kernel_ops"] == 0
+    # In forward: the copy into the padded buffers and the one replay.
+    copy_in = graphed["stages"]["forward"]["kernel_ops"] - 1
+    assert 0 < copy_in < captured["kernel_ops"]
+    assert graphed["total"]["kernel_ops"] == sum(s["kernel_ops"]
+                                                 for s in graphed["stages"].values())
+    assert graphed["total"]["kernel_ops"] < plain["total"]["kernel_ops"]
 
 
 def test_iota_hands_out_views_of_kept_aranges():

@@ -192,22 +192,36 @@ def test_step_checkpoint_after_a_crash_resumes_mid_epoch_exactly(tmp_path, unint
     assert_same_run(run, uninterrupted)
 
 
-def test_resume_inside_a_walk_of_several_batches_is_exact(tmp_path):
-    # --sample-batches 3 draws batches 3 at a time; a checkpoint inside a walk is drawn again
-    # from the walk's start by the resumed run. Every 3rd step of the run (79 per epoch) puts
-    # each of epoch 2's checkpoints at steps 2, 5, 8, ...: inside a walk, however many more the
-    # job writes before it is killed.
-    args = ARGS + ["--sample-batches", "3"]
+def crash_and_resume_match_a_whole_run(tmp_path: Path, args: list, every: int,
+                                       mid_walk_of: int = 1) -> None:
+    """Runs ``args`` whole, then again killed after a step checkpoint inside epoch 2 (written
+    every ``every`` steps, not at a multiple of ``mid_walk_of``) and resumed: the same run."""
     whole = tmp_path / "whole"
     assert main(args + ["--out", str(whole)]) == 0
     reference = json.loads((whole / "metrics.json").read_text())
     run = tmp_path / "run"
     step = crash_after_step_checkpoint(
-        CLI + args + ["--out", str(run), "--checkpoint-every-steps", "3"], run,
-        tmp_path / "log.txt", epoch=2, mid_walk_of=3)
-    assert 0 < step["done"] < 79 and step["done"] % 3
+        CLI + args + ["--out", str(run), "--checkpoint-every-steps", str(every)], run,
+        tmp_path / "log.txt", epoch=2, mid_walk_of=mid_walk_of)
+    assert 0 < step["done"] < 79 and (mid_walk_of == 1 or step["done"] % mid_walk_of)
     assert main(args + ["--resume", str(run)]) == 0
     assert_same_run(run, reference)
+
+
+def test_resume_inside_a_walk_of_several_batches_is_exact(tmp_path):
+    # --sample-batches 3 draws batches 3 at a time; a checkpoint inside a walk is drawn again
+    # from the walk's start by the resumed run. Every 3rd step of the run (79 per epoch) puts
+    # each of epoch 2's checkpoints at steps 2, 5, 8, ...: inside a walk, however many more the
+    # job writes before it is killed.
+    crash_and_resume_match_a_whole_run(tmp_path, ARGS + ["--sample-batches", "3"], every=3,
+                                       mid_walk_of=3)
+
+
+def test_resume_of_the_padded_step_is_exact(tmp_path):
+    # --cuda-graph pads each batch to its rank's layout, which grows with the batches seen,
+    # and dropout draws as many masks as the padded sizes hold: the checkpoint keeps each
+    # rank's layout, so the resumed run pads (and draws) as the uninterrupted one did.
+    crash_and_resume_match_a_whole_run(tmp_path, ARGS + ["--cuda-graph"], every=5)
 
 
 def test_periodic_checkpoints_change_nothing(tmp_path, uninterrupted):

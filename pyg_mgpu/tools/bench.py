@@ -9,6 +9,8 @@ Systems:
 - ``pyg_mgpu``: this project (native sampler, trimmed layers, embedding-bag mean aggregation,
   byte dropout).
 - ``pyg_mgpu_bf16``: the same with ``--amp bf16``.
+- ``pyg_mgpu_cuda_graph``: the same with ``--cuda-graph`` (forward and backward replayed from a
+  CUDA graph at padded sizes; on CPU ranks the padded step runs without one).
 - ``pyg_mgpu_graph_on_host`` (GPUs): the same with ``--graph-on host``, the graph pinned once in
   host memory and read in place by every GPU.
 - ``pyg_mgpu_one_batch_per_walk``: the same with ``--sample-batches 1`` (against the default,
@@ -51,12 +53,14 @@ from pyg_mgpu.tools.step_costs import count_steps, format_step_costs
 from pyg_mgpu.train.loaders import BATCHES_PER_WALK
 from pyg_mgpu.train.config import in_flags
 
-SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_graph_on_host", "pyg_mgpu_one_batch_per_walk",
+SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_cuda_graph", "pyg_mgpu_graph_on_host",
+           "pyg_mgpu_one_batch_per_walk",
            "pyg_mgpu_ckpt_every_step", "pyg_mgpu_ckpt_every_10_steps",
            "pyg_model_native_sampler", "pyg_recipe", "dgl")
 SYSTEM_FLAGS = {
     "pyg_mgpu": ["--recipe", "pyg_mgpu", "--sampler", "native"],
     "pyg_mgpu_bf16": ["--recipe", "pyg_mgpu", "--sampler", "native", "--amp", "bf16"],
+    "pyg_mgpu_cuda_graph": ["--recipe", "pyg_mgpu", "--sampler", "native", "--cuda-graph"],
     "pyg_mgpu_graph_on_host": ["--recipe", "pyg_mgpu", "--sampler", "native",
                                "--graph-on", "host"],
     "pyg_mgpu_one_batch_per_walk": ["--recipe", "pyg_mgpu", "--sampler", "native",
@@ -293,6 +297,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"\nwith {args.sample_batches} batches per walk, per batch:")
             print(format_step_costs(walked), end="")
             results = {**results, "walked": walked}
+        graphed = count_steps(graph, fanout=fanout, batch_size=args.batch_size,
+                              hidden=args.hidden, seed=args.seed,
+                              sample_batches=args.sample_batches, cuda_graph=True)
+        print(f"\nwith --cuda-graph and {args.sample_batches} batch(es) per walk, per batch:")
+        print(format_step_costs(graphed), end="")
+        results = {**results, "cuda_graph": graphed}
     elif args.sampler_only:
         results = run_sampler_bench(args)
         for key, value in results.items():

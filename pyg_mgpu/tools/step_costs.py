@@ -91,7 +91,7 @@ class OpCounter(TorchDispatchMode):
         tensors = _tensors(args)
         host = on_host() or (bool(tensors) and
                              all(t.data_ptr() in self.host_only for t in tensors))
-        costs = self.costs[self.stage]
+        costs = self.costs.setdefault(self.stage, StageCosts())
         if host or name.startswith("profiler::"):  # record_function marks launch nothing
             pass
         elif func.is_view or name in _NO_KERNEL_OPS:
@@ -105,7 +105,7 @@ class OpCounter(TorchDispatchMode):
 
     def host_read(self) -> None:
         """A :func:`~pyg_mgpu.gpu_path.host_ints` read: one wait for the GPU."""
-        costs = self.costs[self.stage]
+        costs = self.costs.setdefault(self.stage, StageCosts())
         costs.syncs += 1
         costs.sync_ops["host read"] += 1
 
@@ -125,20 +125,28 @@ class OpCounter(TorchDispatchMode):
 
 def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: int = 256,
                 steps: int = 3, seed: int = 0, gpu_path: bool = True,
-                sample_batches: int = 1) -> dict:
+                sample_batches: int = 1, cuda_graph: bool = False) -> dict:
     """Per stage, the kernel ops, views and host syncs of a training step of the CLI's
     GraphSAGE on ``graph`` (a ``ConvertedGraph``), on the GPU's path unless ``gpu_path`` is
     False (the CPU's forms, where they differ). ``steps`` measurements after a warm-up; with
     ``sample_batches`` k, each measurement is the k steps of one walk, divided by k (the
     walk's costs shared by its batches).
 
+    With ``cuda_graph`` the step is ``--cuda-graph``'s
+    (:class:`~pyg_mgpu.train.graphed_step.GraphedStep`): the ops it would capture (zeroing
+    the gradients, forward, loss, backward) count as one launch in ``forward``, beside the
+    copy into the padded buffers, and are reported apart as ``"captured"``; a capture
+    refuses any host sync among them.
+
     Returns:
         ``{"stages": {stage: costs per step of the median measurement}, "total": {...},
-        "per_step_kernels": [...], "per_step_syncs": [...]}``
+        "per_step_kernels": [...], "per_step_syncs": [...]}``, and ``"captured"`` with
+        ``cuda_graph``.
     """
     from pyg_mgpu.gpu_path import counting_gpu_path
     from pyg_mgpu.nn.models import build_model
     from pyg_mgpu.train.loaders import make_loader
+    from pyg_mgpu.train.graphed_step import GraphedStep
     from pyg_mgpu.train.loop import EpochTotals, seed_logits, seed_store
 
     torch.manual_seed(seed)
@@ -158,6 +166,21 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
     totals = EpochTotals(device)
     sampler = loader.node_sampler
     counter: Optional[OpCounter] = None
+    graphed = GraphedStep(model, capture=False) if cuda_graph else None
+    if graphed is not None:
+        padded_step = graphed._forward_backward
+
+        def captured():  # the ops a graph holds: counted apart, then as its one launch
+            if counter is None:
+                return padded_step()
+            before, counter.stage = counter.stage, "captured"
+            try:
+                return padded_step()
+            finally:
+                counter.stage = before
+                counter.costs[before].kernels += 1
+
+        graphed._forward_backward = captured
 
     def in_sampling(method):
         def sampling(*args, **kwargs):
@@ -181,13 +204,17 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
         batch = next(batches)
         stage("forward")
         y = seed_store(batch).y[:batch.batch_size]
-        out = seed_logits(model, batch, trim=True)
-        loss = F.cross_entropy(out, y)
-        stage("backward")
-        loss.backward()
+        if graphed is None:
+            out = seed_logits(model, batch, trim=True)
+            loss = F.cross_entropy(out, y)
+            stage("backward")
+            loss.backward()
+        else:
+            out, loss = graphed.forward_backward(batch)
         stage("optimizer")
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if graphed is None:  # the graph zeroes its gradient buffer itself
+            optimizer.zero_grad(set_to_none=True)
         stage("metrics")
         totals.update(out, y, loss)
 
@@ -205,8 +232,10 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
                 counter = None
     finally:
         del sampler.sample_from_nodes, sampler.sample_batches  # the methods are back
+    in_graph = [costs.pop("captured", None) for costs in per_step]
     kernels = [sum(c.kernels for c in costs.values()) for costs in per_step]
-    median = per_step[kernels.index(sorted(kernels)[len(kernels) // 2])]
+    middle = kernels.index(sorted(kernels)[len(kernels) // 2])
+    median = per_step[middle]
     total = StageCosts()
     for costs in median.values():
         total.kernels += costs.kernels
@@ -223,11 +252,15 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
         counts["sync_ops"] = {name: round(n / k, 2) for name, n in counts["sync_ops"].items()}
         return counts
 
-    return {"stages": {stage: per_batch(costs) for stage, costs in median.items()},
-            "total": per_batch(total), "per_step_kernels": [n / k for n in kernels],
-            "per_step_syncs": [sum(c.syncs for c in costs.values()) / k for costs in per_step],
-            "fanout": list(fanout), "batch_size": batch_size, "hidden": hidden,
-            "sample_batches": k, "median_kernels": statistics.median(kernels) / k}
+    result = {"stages": {stage: per_batch(costs) for stage, costs in median.items()},
+              "total": per_batch(total), "per_step_kernels": [n / k for n in kernels],
+              "per_step_syncs": [sum(c.syncs for c in costs.values()) / k for costs in per_step],
+              "fanout": list(fanout), "batch_size": batch_size, "hidden": hidden,
+              "sample_batches": k, "median_kernels": statistics.median(kernels) / k,
+              "cuda_graph": cuda_graph}
+    if cuda_graph:
+        result["captured"] = per_batch(in_graph[middle])
+    return result
 
 
 def format_step_costs(result: dict) -> str:
@@ -238,4 +271,9 @@ def format_step_costs(result: dict) -> str:
         ops = ", ".join(f"{name} {n}" for name, n in sorted(costs["sync_ops"].items()))
         rows.append(f"| {stage} | {costs['kernel_ops']} | {costs['views']} | "
                     f"{costs['host_syncs']} | {ops or '-'} |")
+    if "captured" in result:
+        captured = result["captured"]
+        rows.append(f"| (in the graph: one launch in forward) | {captured['kernel_ops']} | "
+                    f"{captured['views']} | {captured['host_syncs']} | "
+                    f"{', '.join(sorted(captured['sync_ops'])) or '-'} |")
     return "\n".join(rows) + "\n"

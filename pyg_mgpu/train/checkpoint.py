@@ -126,15 +126,17 @@ class StepPosition:
 
 def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, history: list, best: dict,
-                    best_state: dict, sampler, step: Optional[StepPosition] = None) -> None:
+                    best_state: dict, sampler, step: Optional[StepPosition] = None,
+                    padded_layout: Optional[tuple] = None) -> None:
     """Everything ``--resume`` needs to continue exactly, written atomically by rank 0.
 
-    ``epoch``: the epochs finished; ``step``: set for a checkpoint taken inside the next epoch.
-    A collective: every rank's RNG state (each draws its own dropout masks and samples) and,
-    in mid-epoch, its partial sums are gathered.
+    ``epoch``: the epochs finished; ``step``: set for a checkpoint taken inside the next epoch;
+    ``padded_layout``: this rank's padded sizes with ``--cuda-graph``.
+    A collective: every rank's RNG state (each draws its own dropout masks and samples),
+    padded layout and, in mid-epoch, its partial sums are gathered.
     """
     mine = {"rng": rng_state(sampler, ctx.device, step and step.sampler_state),
-            "totals": step and step.totals}
+            "totals": step and step.totals, "padded_layout": padded_layout}
     ranks: list = [None] * ctx.world_size
     dist.all_gather_object(ranks, mine)
     if ctx.is_main:
@@ -144,7 +146,8 @@ def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
         save_torch({"epoch": epoch, "step": position, "world_size": ctx.world_size,
                     "config": cfg.to_dict(), "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(), "history": history, "best": best,
-                    "best_state": best_state, "rng": [r["rng"] for r in ranks]},
+                    "best_state": best_state, "rng": [r["rng"] for r in ranks],
+                    "padded_layouts": [r["padded_layout"] for r in ranks]},
                    out / CHECKPOINT)
 
 

@@ -240,6 +240,7 @@ GRAPH_PLACES = ("auto", "cpu", "gpu", "host")
 class PerformanceSettings:
     amp: str = "none"
     compile: bool = False
+    cuda_graph: bool = False
     graph_on: str = "auto"
     feature_cache_gb: Optional[float] = None  # None: up to a quarter of free GPU memory
     num_workers: int = 0
@@ -341,6 +342,8 @@ class TrainConfig:
         if self.performance.graph_on == "host" and self.data.features_on == "mmap":
             raise ConfigError("--graph-on host pins the shared copy in memory; --features-on "
                               "mmap leaves the features in a file. Use one of them.")
+        if self.performance.cuda_graph:
+            self._check_cuda_graph()
         if self.faults.resume == "auto" and not self.outputs.out:
             raise ConfigError("--resume auto continues from --out's checkpoint when there is "
                               "one; give --out (the folder every restart of the job shares).")
@@ -348,6 +351,19 @@ class TrainConfig:
     @property
     def is_hetero(self) -> bool:
         return self.data.is_hetero
+
+    def _check_cuda_graph(self) -> None:
+        """--cuda-graph replays pyg_mgpu's trimmed GraphSAGE step at padded sizes."""
+        needs = {"--model sage": self.model.model == "sage",
+                 "--recipe pyg_mgpu": self.model.recipe == "pyg_mgpu",
+                 "--sampler native": self.training.sampler != "pyg",
+                 "a homogeneous dataset": not self.data.is_hetero}
+        missing = [what for what, ok in needs.items() if not ok]
+        if missing:
+            raise ConfigError(f"--cuda-graph replays pyg_mgpu's own GraphSAGE step and needs "
+                              f"{', '.join(missing)}; drop --cuda-graph or change those.")
+        if self.performance.compile:
+            raise ConfigError("--cuda-graph and --compile both rebuild the step; use one.")
 
     def _check_hetero(self) -> None:
         """What the heterogeneous path does not do (yet), each with its way out."""

@@ -28,6 +28,7 @@ from pyg_mgpu.train.evaluation import (
     seed_outputs,
     seed_store,
 )
+from pyg_mgpu.train.graphed_step import GraphedStep
 
 
 @dataclass
@@ -39,7 +40,9 @@ class StageTimer:
     sampler do the sampling, and only the wait for the batch is seen here), ``forward``,
     ``backward`` (gradient computation), ``allreduce`` (CPU ranks: the wait for the gradient
     all-reduce that is left after the next batch has loaded, the wait for the slowest rank
-    included; on GPUs it stays inside ``backward``), ``optimizer`` and ``checkpoint`` (the
+    included; on GPUs it stays inside ``backward``, and with ``--cuda-graph`` it is the wait
+    for the step's own all-reduce, while ``forward`` holds the replayed forward and backward),
+    ``optimizer`` and ``checkpoint`` (the
     ranks' agreement on stopping, and step checkpoints when they are written).
     """
 
@@ -203,14 +206,16 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
                 ctx: RankContext, timer: StageTimer, epoch: int,
                 cfg: TrainConfig, grad_sync: Optional[GradSync] = None,
                 totals: Optional[EpochTotals] = None, done: int = 0,
-                after_step: Optional[StepHook] = None) -> tuple[float, float, int]:
+                after_step: Optional[StepHook] = None,
+                graphed: Optional[GraphedStep] = None) -> tuple[float, float, int]:
     """One epoch on this rank's shard; returns the global (loss, accuracy, classes predicted)
     over all ranks.
 
     Each step loads the next batch after ``backward()``: with ``grad_sync`` (CPU ranks) the
     gradient all-reduce is still running then, and the optimizer step waits for it after.
     ``totals`` and ``done`` continue an epoch from a checkpoint (the loader then starts at
-    batch ``done``: ``set_epoch(epoch, start_step=done)``).
+    batch ``done``: ``set_epoch(epoch, start_step=done)``). ``graphed`` (``--cuda-graph``)
+    takes the place of DDP's forward and backward and all-reduces the gradients itself.
     """
     ddp.train()
     totals = totals or EpochTotals(ctx.device)
@@ -241,15 +246,20 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
         while batch is not None:
             seeds = seed_store(batch)
             y = seeds.y[:seeds.batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            out = seed_logits(ddp, batch, trim=cfg.model.recipe == "pyg_mgpu", amp=cfg.performance.amp == "bf16")
-            loss = F.cross_entropy(out, y)
-            timer.lap("forward")
-            loss.backward()
-            timer.lap("backward")
-            next_batch = batches.next()  # while the gradient all-reduce runs (grad_sync)
-            if grad_sync is not None:
-                grad_sync.wait()
+            if graphed is None:
+                optimizer.zero_grad(set_to_none=True)
+                out = seed_logits(ddp, batch, trim=cfg.model.recipe == "pyg_mgpu",
+                                  amp=cfg.performance.amp == "bf16")
+                loss = F.cross_entropy(out, y)
+                timer.lap("forward")
+                loss.backward()
+                timer.lap("backward")
+            else:  # padded; forward and backward replayed from one CUDA graph
+                out, loss = graphed.forward_backward(batch)
+                timer.lap("forward")
+            next_batch = batches.next()  # while the gradient all-reduce runs
+            if grad_sync is not None or graphed is not None:
+                (graphed or grad_sync).wait()
                 timer.lap("allreduce")
             optimizer.step()
             totals.update(out, y, loss)

@@ -15,17 +15,20 @@ from pyg_mgpu.distributed.grad_sync import GradSync, deferred_all_reduce
 from pyg_mgpu.nn.hetero import HeteroGNN
 from pyg_mgpu.nn.models import build_model
 from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.train.graphed_step import GraphedStep
 
 
 @dataclass
 class Trainee:
     """The model as trained: the module, its DDP wrapper, the optimizer, the deferred
-    all-reduce (CPU ranks) or None."""
+    all-reduce (CPU ranks) or None, and with ``--cuda-graph`` the padded step that takes the
+    place of DDP's forward and backward (it all-reduces the gradients itself)."""
 
     model: torch.nn.Module
     ddp: DistributedDataParallel
     optimizer: torch.optim.Optimizer
     grad_sync: Optional[GradSync]
+    graphed: Optional[GraphedStep] = None
 
 
 _FUSED_CPU_ADAM = TorchVersion(torch.__version__) >= "2.4"  # CPU kernels from torch 2.4 on
@@ -50,7 +53,7 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
         model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
     # CPU ranks overlap the gradient all-reduce with loading the next batch; PyG's recipe
     # keeps DDP as its example has it. (On GPUs NCCL's all-reduce is asynchronous already.)
-    defer_allreduce = ours and ctx.device.type == "cpu"
+    defer_allreduce = ours and ctx.device.type == "cpu" and not cfg.performance.cuda_graph
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None, gradient_as_bucket_view=defer_allreduce)
     grad_sync = deferred_all_reduce(ddp, cfg.ranks.timeout_s) if defer_allreduce else None
@@ -61,5 +64,7 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
                                  weight_decay=cfg.model.weight_decay,
                                  fused=(ours and _FUSED_CPU_ADAM) or ctx.device.type == "cuda"
                                  or None)
+    graphed = (GraphedStep(model, amp=cfg.performance.amp == "bf16")
+               if cfg.performance.cuda_graph else None)
     torch.manual_seed(cfg.training.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
-    return Trainee(model, ddp, optimizer, grad_sync)
+    return Trainee(model, ddp, optimizer, grad_sync, graphed)

@@ -192,7 +192,8 @@ class StepCheckpoints:
         progress, trainee = self.progress, self.trainee
         save_checkpoint(self.out, self.ctx, self.cfg, progress.next_epoch - 1, trainee.model,
                         trainee.optimizer, progress.history, progress.best,
-                        progress.best_state, self.sampler, step=step)
+                        progress.best_state, self.sampler, step=step,
+                        padded_layout=trainee.graphed and trainee.graphed.layout_state())
         self.agreement.checkpoint_written()
 
     def _stop(self, signum: int, where: str) -> None:
@@ -237,7 +238,8 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
             busy.start()
             train_loss, train_acc, classes = train_epoch(
                 trainee.ddp, trainee.optimizer, data.train_loader, ctx, timer, epoch, cfg,
-                trainee.grad_sync, totals=totals, done=done, after_step=after_step)
+                trainee.grad_sync, totals=totals, done=done, after_step=after_step,
+                graphed=trainee.graphed)
             epoch_time = time.perf_counter() - start
             gpu_busy_pct = busy.stop()
             if traced:
@@ -367,6 +369,9 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
     wall_start = time.perf_counter()
     out = Path(out_dir)
     trainee = build_ddp(cfg, graph, ctx)
+    if trainee.graphed is not None and not trainee.graphed.capture and ctx.is_main:
+        tqdm.write("--cuda-graph: the ranks run on the CPU, where the padded step runs "
+                   "without a CUDA graph")
     data = build_loaders(cfg, graph, ctx)
     progress = Progress(history=[], best={"val_acc": -1.0, "epoch": 0},
                         best_state=copy.deepcopy(trainee.model.state_dict()))
@@ -375,6 +380,9 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
                                   data.train_loader.node_sampler)
         progress = Progress(ckpt["history"], ckpt["best"], ckpt["best_state"],
                             next_epoch=ckpt["epoch"] + 1)
+        if trainee.graphed is not None:
+            layouts = ckpt.get("padded_layouts") or [None] * ctx.world_size
+            trainee.graphed.resume_layout(layouts[ctx.rank])
         step = ckpt.get("step")
         if step is not None:  # the generator state was restored with the others
             progress.resume_step = StepPosition(step["epoch"], step["done"],
@@ -384,6 +392,8 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
             tqdm.write(f"resumed from {cfg.faults.resume}, {describe(ckpt)}")
     progress = fit(cfg, ctx, trainee, data, progress, out)
     results = evaluate_best(cfg, ctx, trainee.model, data, progress)
+    if trainee.graphed is not None:
+        results["cuda_graph"] = trainee.graphed.summary()
     report(cfg, ctx, data, progress, results, out, run_info or {},
            time.perf_counter() - wall_start)
     if cfg.performance.compile:
