@@ -127,3 +127,28 @@ def link_metrics_over_ranks(ctx, scores, labels, pos, neg, result):
     metrics = pyg_mgpu.ranking_metrics(pos[mine], neg[mine], ks=(1, 3))
     result[ctx.rank, 2:5] = torch.tensor([metrics["mrr"], metrics["hits@1"], metrics["hits@3"]],
                                          dtype=result.dtype)
+
+
+def padded_step_over_ranks(ctx, graph, params_out, grads_out, own_grads_out):
+    """Ranks start from different weights; broadcast_parameters gives every rank rank 0's, and
+    the padded step (dropout 0, a different batch per rank) averages the flat gradients."""
+    from pyg_mgpu.distributed.grad_sync import broadcast_parameters
+    from pyg_mgpu.nn.sage import GraphSAGE
+    from pyg_mgpu.train.graphed_step import GraphedStep
+    torch.manual_seed(ctx.rank)
+    model = GraphSAGE(graph.num_features, 16, graph.num_classes, 2, dropout=0.0)
+    broadcast_parameters(model)
+    params_out[ctx.rank] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    loader = make_loader(graph, graph.train_idx, fanout=[3, 2], sampler="native", seed=3,
+                         rank=ctx.rank, world_size=ctx.world_size, batch_size=32)
+    loader.set_epoch(0)
+    batch = next(iter(loader))
+    reference = copy.deepcopy(model)
+    logits = reference(batch.x, batch.edge_index, batch.num_sampled_nodes,
+                       batch.num_sampled_edges)[:batch.batch_size]
+    F.cross_entropy(logits, batch.y[:batch.batch_size]).backward()
+    own_grads_out[ctx.rank] = torch.cat([p.grad.flatten() for p in reference.parameters()])
+    step = GraphedStep(model)
+    step.forward_backward(batch)
+    step.wait()
+    grads_out[ctx.rank] = step.flat_grad

@@ -84,6 +84,18 @@ def test_three_ranks_through_shared_memory_keep_identical_replicas():
         assert result[rank, 2].item() == 0.0, "the ranks' models drifted apart"
 
 
+def test_the_padded_step_starts_from_rank_0s_weights_and_averages_gradients():
+    graph = small_graph()
+    from pyg_mgpu.nn.sage import GraphSAGE
+    numel = sum(p.numel() for p in GraphSAGE(graph.num_features, 16, graph.num_classes,
+                                             2).parameters())
+    params, grads, own = (torch.zeros(2, numel).share_memory_() for _ in range(3))
+    launch_local(_ranks.padded_step_over_ranks, CPU2, args=(graph, params, grads, own))
+    assert torch.equal(params[0], params[1])
+    assert torch.equal(grads[0], grads[1]) and not torch.equal(own[0], own[1])
+    torch.testing.assert_close(grads[0], own.mean(0), rtol=1e-5, atol=1e-6)
+
+
 def test_failed_rank_ends_the_job_with_its_traceback():
     start = time.monotonic()
     with pytest.raises(RankFailed) as err:

@@ -127,6 +127,14 @@ class SharedMemoryAllReduce:
 GradSync = Union[SharedMemoryAllReduce, DeferredAllReduce]
 
 
+def broadcast_parameters(module: torch.nn.Module) -> None:
+    """Every rank takes rank 0's parameters and buffers, as DDP does when it is built (for a
+    module trained without DDP's wrapper). A collective."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
+
+
 def deferred_all_reduce(ddp: DistributedDataParallel, timeout_s: float = DEFAULT_TIMEOUT_S
                         ) -> GradSync:
     """``ddp``'s deferred all-reduce: through shared memory where every rank of its process

@@ -21,13 +21,14 @@ the trimmed model needs (:class:`~pyg_mgpu.nn.GraphSAGE`).
 the gradient all-reduce (one flat buffer) and the fused optimizer step stay outside the graph,
 so no collective is captured and each rank may replay or run eagerly on its own. A batch
 larger than the layout grows it, which takes a few eager steps and a new capture; on CPU
-ranks, or where a capture fails, the same padded step runs eagerly.
+ranks the same padded step runs eagerly. The module must not be wrapped in DDP: its reducer
+holds each parameter's gradient-accumulation node, bound to the stream it was built on, which
+a capture on another stream cannot take in.
 """
 from __future__ import annotations
 
 import itertools
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -167,7 +168,7 @@ class GraphedStep:
         self._work = None  # the running all-reduce
         self._side: Optional[torch.cuda.Stream] = None  # warm-up steps' stream
         self.stats = {"captures": 0, "replays": 0, "eager_steps": 0, "layouts": 0,
-                      "real_nodes": 0, "padded_nodes": 0, "capture_error": None}
+                      "real_nodes": 0, "padded_nodes": 0}
 
     def forward_backward(self, batch) -> tuple[Tensor, Tensor]:
         """One batch's forward and backward into the flat gradient, whose all-reduce it starts;
@@ -246,26 +247,32 @@ class GraphedStep:
         if self.device.type != "cuda" or not self.capture:
             return self._forward_backward()
         # Warm-up runs on a side stream, as torch's CUDA-graph notes ask before a capture.
+        side = self._side_stream()
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            outputs = self._forward_backward()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return outputs
+
+    def _side_stream(self) -> torch.cuda.Stream:
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
-        self._side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._side):
-            outputs = self._forward_backward()
-        torch.cuda.current_stream(self.device).wait_stream(self._side)
-        return outputs
+        return self._side
 
     def _capture(self) -> None:
         graph = torch.cuda.CUDAGraph()
         try:
-            # thread_local: the prefetch thread may sample and copy (with host reads) meanwhile.
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            # On the warm-up steps' stream (their lazily made workspaces belong to it);
+            # thread_local: the prefetch thread may sample and copy, with host reads, meanwhile.
+            with torch.cuda.graph(graph, stream=self._side_stream(),
+                                  capture_error_mode="thread_local"):
                 outputs = self._forward_backward()
         except RuntimeError as error:
-            self.capture = False
-            self.stats["capture_error"] = str(error).splitlines()[0]
-            warnings.warn(f"--cuda-graph: capturing the step failed ({self.stats['capture_error']}); "
-                          "the padded step runs eagerly from here on.", RuntimeWarning)
-            return
+            # A failed capture leaves torch's allocator and current stream as the capture had
+            # them: no eager step after it would be sound.
+            raise RuntimeError(f"--cuda-graph: capturing the training step as a CUDA graph "
+                               f"failed ({str(error).splitlines()[0]}); run without "
+                               "--cuda-graph.") from error
         self._graph, self._outputs = graph, outputs
         self.stats["captures"] += 1
 

@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from pyg_mgpu.distributed.context import RankContext
@@ -202,7 +201,7 @@ StepHook = Callable[[int, "EpochTotals", Any], None]
 state before the next batch was drawn (for a checkpoint); it may raise to end the epoch."""
 
 
-def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader,
+def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
                 ctx: RankContext, timer: StageTimer, epoch: int,
                 cfg: TrainConfig, grad_sync: Optional[GradSync] = None,
                 totals: Optional[EpochTotals] = None, done: int = 0,
@@ -214,8 +213,9 @@ def train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, 
     Each step loads the next batch after ``backward()``: with ``grad_sync`` (CPU ranks) the
     gradient all-reduce is still running then, and the optimizer step waits for it after.
     ``totals`` and ``done`` continue an epoch from a checkpoint (the loader then starts at
-    batch ``done``: ``set_epoch(epoch, start_step=done)``). ``graphed`` (``--cuda-graph``)
-    takes the place of DDP's forward and backward and all-reduces the gradients itself.
+    batch ``done``: ``set_epoch(epoch, start_step=done)``). ``ddp`` is the DDP-wrapped model,
+    or with ``graphed`` (``--cuda-graph``) the module itself: the padded step takes the place
+    of its forward and backward and all-reduces the gradients itself.
     """
     ddp.train()
     totals = totals or EpochTotals(ctx.device)

@@ -237,7 +237,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
                 after_step = partial(_then_trace, between.after_step, trace)
             busy.start()
             train_loss, train_acc, classes = train_epoch(
-                trainee.ddp, trainee.optimizer, data.train_loader, ctx, timer, epoch, cfg,
+                trainee.trained, trainee.optimizer, data.train_loader, ctx, timer, epoch, cfg,
                 trainee.grad_sync, totals=totals, done=done, after_step=after_step,
                 graphed=trainee.graphed)
             epoch_time = time.perf_counter() - start
