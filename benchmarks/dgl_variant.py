@@ -157,6 +157,27 @@ def graphbolt_batches_per_rank(num_items: int, world_size: int, batch_size: int)
     return -(-last_rank // batch_size)
 
 
+def dgl_fanouts(fanout: tuple[int, ...]) -> list[int]:
+    """``--fanout`` for DGL's samplers. ``--fanout`` lists the seeds' hop first, as PyG's
+    ``num_neighbors`` and pyg_mgpu's do; DGL's ``NeighborSampler`` and GraphBolt's
+    ``sample_neighbor`` take one fanout per layer from the input side and draw the seeds' hop
+    with the last, so the list is reversed for them."""
+    return list(reversed(fanout))
+
+
+def check_seeds_hop(block, seeds: torch.Tensor, graph, fanout: int) -> None:
+    """The seeds' block (DGL's last) drew ``min(in-degree, fanout)`` edges into each seed, as
+    sampling without replacement must with the seeds' hop first in ``--fanout``; raises
+    otherwise."""
+    drawn = block.in_degrees().cpu()
+    every = graph.in_degrees(seeds.cpu())
+    expected = every if fanout < 0 else every.clamp(max=fanout)
+    if not torch.equal(drawn, expected):
+        raise RuntimeError(f"the seeds' hop drew up to {int(drawn.max())} in-edges per seed "
+                           f"where --fanout asks for {fanout}: the samplers' fanout order is "
+                           "not the one --fanout gives")
+
+
 class SAGE(nn.Module):
     """GraphSAGE as PyG's ``GraphSAGE``: SAGEConv('mean') layers, ReLU and dropout between them."""
 
@@ -213,10 +234,11 @@ class Batches:
 
     def __init__(self, cfg: Config, data: Dataset, ctx: RankContext):
         self.cfg, self.data, self.ctx = cfg, data, ctx
+        self._checked = False
         if cfg.sampler == "dataloader":
             # Features and labels are gathered by the loader (DGL's prefetch), as in DGL's example.
             self.sampler = dgl.dataloading.NeighborSampler(
-                list(cfg.fanout), prefetch_node_feats=["feat"], prefetch_labels=["label"])
+                dgl_fanouts(cfg.fanout), prefetch_node_feats=["feat"], prefetch_labels=["label"])
             self.train_loader = dgl.dataloading.DataLoader(
                 data.graph, data.train_idx, self.sampler, device=ctx.device,
                 batch_size=cfg.batch_size, shuffle=True, drop_last=False,
@@ -225,14 +247,23 @@ class Batches:
             self._init_graphbolt()
 
     def train(self) -> Iterator[tuple]:
-        """One epoch of this rank's training batches."""
+        """One epoch of this rank's training batches; the run's first one is checked to have
+        drawn the seeds' hop with ``--fanout``'s first count (:func:`check_seeds_hop`)."""
         if self.cfg.sampler == "graphbolt":
-            yield from self._graphbolt_batches(self.gb_train)
+            for mb in self.gb_train:
+                self._check_once(mb.blocks[-1], mb.seed_nodes)
+                yield mb.blocks, mb.node_features["feat"], mb.labels
             return
         # No set_epoch: with use_ddp, DGL 2.1 gives each rank a fixed shard of the seeds for the
         # whole run and reshuffles it locally every epoch with numpy's global generator.
-        for _, _, blocks in self.train_loader:
+        for _, seeds, blocks in self.train_loader:
+            self._check_once(blocks[-1], seeds)
             yield blocks, blocks[0].srcdata["feat"], blocks[-1].dstdata["label"]
+
+    def _check_once(self, block, seeds: torch.Tensor) -> None:
+        if not self._checked:
+            check_seeds_hop(block, seeds, self.data.graph, self.cfg.fanout[0])
+            self._checked = True
 
     def evaluate(self, idx: torch.Tensor) -> Iterator[tuple]:
         """Sampled batches over ``idx`` (in order, none dropped), for rank 0's evaluation."""
@@ -268,7 +299,7 @@ class Batches:
         else:
             pipe = gb.ItemSampler(items, batch_size=self.cfg.batch_size, shuffle=False)
         pipe = pipe.copy_to(self.ctx.device)
-        pipe = pipe.sample_neighbor(self.gb_graph, list(self.cfg.fanout))
+        pipe = pipe.sample_neighbor(self.gb_graph, dgl_fanouts(self.cfg.fanout))
         pipe = pipe.fetch_feature(self.gb_features, node_feature_keys=["feat"])
         if not distributed:
             # Not wrapped in a DataLoader: torch's DataLoader over a datapipe makes a new process
