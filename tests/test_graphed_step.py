@@ -196,6 +196,8 @@ def test_two_ranks_train_the_same_with_the_padded_step(tmp_path):
     assert padded["test_acc"] == plain["test_acc"]
     summary = padded["cuda_graph"]
     assert summary["captures"] == 0 and summary["eager_steps"] == 2 * plain["steps_per_epoch"]
+    began = summary["layout_began_at_steps"]
+    assert began[0] == 0 and len(began) == summary["layouts"] and began == sorted(began)
 
 
 @pytest.mark.gpu
@@ -210,8 +212,14 @@ def test_the_replayed_step_gives_the_unpadded_logits_loss_and_gradients():
 def test_cuda_graph_trains_on_one_gpu_as_eagerly(tmp_path):
     runs = {}
     for name, extra in (("eager", []), ("graph", ["--cuda-graph"])):
-        assert main(TINY + ["--devices", "cuda:0", *extra, "--out", str(tmp_path / name)]) == 0
+        # 4 epochs of 8 steps: a tiny graph's layout may still grow late in the second.
+        assert main(TINY + ["--epochs", "4", "--devices", "cuda:0", *extra,
+                            "--out", str(tmp_path / name)]) == 0
         runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
-    assert runs["graph"]["cuda_graph"]["replays"] > 0
+    summary = runs["graph"]["cuda_graph"]
+    assert summary["replays"] > 0 and summary["layout_began_at_steps"][0] == 0
+    graph_losses = [e["train_loss"] for e in runs["graph"]["epochs"]]
+    assert graph_losses[1] < graph_losses[0]  # the replays train
+    # The same batches; padded products round otherwise, so the runs drift apart slowly.
     for a, b in zip(runs["eager"]["epochs"], runs["graph"]["epochs"]):
-        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=2e-2)

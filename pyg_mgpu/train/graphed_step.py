@@ -169,6 +169,8 @@ class GraphedStep:
         self._side: Optional[torch.cuda.Stream] = None  # warm-up steps' stream
         self.stats = {"captures": 0, "replays": 0, "eager_steps": 0, "layouts": 0,
                       "real_nodes": 0, "padded_nodes": 0}
+        self._steps = 0
+        self._layout_steps: list[int] = []  # the steps that began a layout (the first 20)
 
     def forward_backward(self, batch) -> tuple[Tensor, Tensor]:
         """One batch's forward and backward into the flat gradient, whose all-reduce it starts;
@@ -179,6 +181,7 @@ class GraphedStep:
         if self.static is None or not self.static.layout.holds(nodes, edges):
             self._new_layout(PaddedLayout.holding(nodes, edges, self.layout), batch)
         self.static.load(batch.x, batch.edge_index, batch.y, nodes, edges)
+        self._steps += 1
         self.stats["real_nodes"] += sum(nodes)
         self.stats["padded_nodes"] += self.static.layout.num_nodes
         if self._graph is None and self.capture and self._eager_left == 0:
@@ -225,6 +228,8 @@ class GraphedStep:
                                   index_dtype=batch.edge_index.dtype, device=self.device)
         self._eager_left = WARMUP_STEPS
         self.stats["layouts"] += 1
+        if len(self._layout_steps) < 20:
+            self._layout_steps.append(self._steps)
 
     def _forward_backward(self) -> tuple[Tensor, Tensor]:
         """The step as captured: its shapes and host integers come from the layout alone."""
@@ -282,6 +287,7 @@ class GraphedStep:
         stats = dict(self.stats)
         real, padded = stats.pop("real_nodes"), stats.pop("padded_nodes")
         stats["padded_rows_per_real_row"] = padded / real if real else None
+        stats["layout_began_at_steps"] = list(self._layout_steps)
         stats["layout"] = ({"nodes": list(self.static.layout.nodes),
                             "edges": list(self.static.layout.edges)} if self.static else None)
         return stats
