@@ -3,9 +3,9 @@
 
 A CUDA graph replays a step's kernels with one launch, but only at the shapes it was captured
 with, and sampled batches differ in size. So each hop's nodes and edges are padded to a
-capacity (:class:`PaddedLayout`, a few per cent above the counts) and the batch is copied
-into static buffers of those sizes
-(:class:`StaticBatch`), where the padding cannot change a real node's output or any gradient:
+capacity (:class:`PaddedLayout`, a few per cent above the counts) and the batch is copied into
+static buffers of those sizes (:class:`StaticBatch`), where the padding cannot change a real
+node's output or any gradient:
 
 - hop ``h``'s nodes keep their order at the start of the hop's block of rows; the pad rows
   after them hold any finite values (features of earlier batches);
