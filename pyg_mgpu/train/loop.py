@@ -41,8 +41,8 @@ class StageTimer:
     all-reduce that is left after the next batch has loaded, the wait for the slowest rank
     included; on GPUs it stays inside ``backward``, and with ``--cuda-graph`` it is the wait
     for the step's own all-reduce, while ``forward`` holds the replayed forward and backward),
-    ``optimizer`` and ``checkpoint`` (the
-    ranks' agreement on stopping, and step checkpoints when they are written).
+    ``optimizer`` and ``checkpoint`` (the ranks' agreement on stopping, and step checkpoints
+    when they are written).
     """
 
     device: torch.device
