@@ -103,8 +103,9 @@ def unpadded_step(model: GraphSAGE, batch) -> tuple[torch.Tensor, torch.Tensor, 
     return logits, loss, torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
-def check_same_steps(device) -> tuple[GraphedStep, int]:
+def check_same_steps(device, index_dtype=torch.long) -> tuple[GraphedStep, int]:
     data = graph(num_features=8)
+    data.edge_index = data.edge_index.to(index_dtype)
     # batches of 20 seeds, then of 40: the layout must grow; the last batch of 40 is smaller
     loaded = batches(data, 20, device)[:WARMUP_STEPS + 3] + batches(data, 40, device)
     torch.manual_seed(0)
@@ -123,8 +124,10 @@ def check_same_steps(device) -> tuple[GraphedStep, int]:
     return step, len(loaded)
 
 
-def test_the_padded_step_gives_the_unpadded_logits_loss_and_gradients():
-    step, steps = check_same_steps("cpu")
+@pytest.mark.parametrize("index_dtype", [torch.long, torch.int32])
+def test_the_padded_step_gives_the_unpadded_logits_loss_and_gradients(index_dtype):
+    step, steps = check_same_steps("cpu", index_dtype)
+    assert step.static.edge_index.dtype == index_dtype
     summary = step.summary()
     assert (summary["captures"], summary["replays"], summary["eager_steps"]) == (0, 0, steps)
     assert 1.0 <= summary["padded_rows_per_real_row"] < 1.5
