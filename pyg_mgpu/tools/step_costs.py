@@ -166,35 +166,28 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
     totals = EpochTotals(device)
     sampler = loader.node_sampler
     counter: Optional[OpCounter] = None
+
+    def counted_in(stage: str, method, then_one_launch: bool = False):
+        """``method`` with its ops counted in ``stage``; with ``then_one_launch`` they are also
+        one kernel of the stage it was called from (a graph's replay)."""
+        def counted(*args, **kwargs):
+            if counter is None:
+                return method(*args, **kwargs)
+            before, counter.stage = counter.stage, stage
+            try:
+                return method(*args, **kwargs)
+            finally:
+                counter.stage = before
+                if then_one_launch:
+                    counter.costs[before].kernels += 1
+        return counted
+
     graphed = GraphedStep(model, capture=False) if cuda_graph else None
-    if graphed is not None:
-        padded_step = graphed._forward_backward
-
-        def captured():  # the ops a graph holds: counted apart, then as its one launch
-            if counter is None:
-                return padded_step()
-            before, counter.stage = counter.stage, "captured"
-            try:
-                return padded_step()
-            finally:
-                counter.stage = before
-                counter.costs[before].kernels += 1
-
-        graphed._forward_backward = captured
-
-    def in_sampling(method):
-        def sampling(*args, **kwargs):
-            if counter is None:
-                return method(*args, **kwargs)
-            before, counter.stage = counter.stage, "sampling"
-            try:
-                return method(*args, **kwargs)
-            finally:
-                counter.stage = before
-        return sampling
-
-    sampler.sample_from_nodes = in_sampling(sampler.sample_from_nodes)
-    sampler.sample_batches = in_sampling(sampler.sample_batches)
+    if graphed is not None:  # the ops a graph holds: counted apart, then as its one launch
+        graphed._forward_backward = counted_in("captured", graphed._forward_backward,
+                                               then_one_launch=True)
+    sampler.sample_from_nodes = counted_in("sampling", sampler.sample_from_nodes)
+    sampler.sample_batches = counted_in("sampling", sampler.sample_batches)
     batches = iter(loader)
     per_step = []
 
