@@ -250,9 +250,7 @@ class Batches:
         """One epoch of this rank's training batches; the run's first one is checked to have
         drawn the seeds' hop with ``--fanout``'s first count (:func:`check_seeds_hop`)."""
         if self.cfg.sampler == "graphbolt":
-            for mb in self.gb_train:
-                self._check_once(mb.blocks[-1], mb.seed_nodes)
-                yield mb.blocks, mb.node_features["feat"], mb.labels
+            yield from self._graphbolt_batches(self.gb_train, check=self._check_once)
             return
         # No set_epoch: with use_ddp, DGL 2.1 gives each rank a fixed shard of the seeds for the
         # whole run and reshuffles it locally every epoch with numpy's global generator.
@@ -309,8 +307,12 @@ class Batches:
         return gb.DataLoader(pipe, num_workers=self.cfg.num_workers)
 
     @staticmethod
-    def _graphbolt_batches(loader) -> Iterator[tuple]:
+    def _graphbolt_batches(loader, check=None) -> Iterator[tuple]:
+        """``(blocks, x, y)`` of GraphBolt's minibatches; ``check(seeds' block, seeds)`` first
+        where given."""
         for mb in loader:
+            if check is not None:
+                check(mb.blocks[-1], mb.seed_nodes)
             yield mb.blocks, mb.node_features["feat"], mb.labels
 
 
