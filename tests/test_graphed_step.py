@@ -185,14 +185,19 @@ TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
         "--dropout", "0"]
 
 
+def without_and_with_cuda_graph(tmp_path, argv: list) -> tuple[dict, dict]:
+    """The metrics of a CLI run of ``argv``, and of the same with ``--cuda-graph``."""
+    runs = []
+    for name, extra in (("plain", []), ("graphed", ["--cuda-graph"])):
+        assert main(argv + [*extra, "--out", str(tmp_path / name)]) == 0
+        runs.append(json.loads((tmp_path / name / "metrics.json").read_text()))
+    return runs[0], runs[1]
+
+
 @pytest.mark.slow
 def test_two_ranks_train_the_same_with_the_padded_step(tmp_path):
-    runs = {}
-    for name, extra in (("plain", []), ("padded", ["--cuda-graph"])):
-        assert main(TINY + ["--devices", "cpu", "--nprocs", "2", *extra,
-                            "--out", str(tmp_path / name)]) == 0
-        runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
-    plain, padded = runs["plain"], runs["padded"]
+    plain, padded = without_and_with_cuda_graph(tmp_path,
+                                                TINY + ["--devices", "cpu", "--nprocs", "2"])
     for a, b in zip(plain["epochs"], padded["epochs"]):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
         assert b["train_acc"] == a["train_acc"]
@@ -213,16 +218,13 @@ def test_the_replayed_step_gives_the_unpadded_logits_loss_and_gradients():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_trains_on_one_gpu_as_eagerly(tmp_path):
-    runs = {}
-    for name, extra in (("eager", []), ("graph", ["--cuda-graph"])):
-        # 4 epochs of 8 steps: a tiny graph's layout may still grow late in the second.
-        assert main(TINY + ["--epochs", "4", "--devices", "cuda:0", *extra,
-                            "--out", str(tmp_path / name)]) == 0
-        runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
-    summary = runs["graph"]["cuda_graph"]
+    # 4 epochs of 8 steps: a tiny graph's layout may still grow late in the second.
+    eager, graphed = without_and_with_cuda_graph(tmp_path,
+                                                 TINY + ["--epochs", "4", "--devices", "cuda:0"])
+    summary = graphed["cuda_graph"]
     assert summary["replays"] > 0 and summary["layout_began_at_steps"][0] == 0
-    graph_losses = [e["train_loss"] for e in runs["graph"]["epochs"]]
+    graph_losses = [e["train_loss"] for e in graphed["epochs"]]
     assert graph_losses[1] < graph_losses[0]  # the replays train
     # The same batches; padded products round otherwise, so the runs drift apart slowly.
-    for a, b in zip(runs["eager"]["epochs"], runs["graph"]["epochs"]):
+    for a, b in zip(eager["epochs"], graphed["epochs"]):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=2e-2)

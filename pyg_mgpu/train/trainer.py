@@ -5,8 +5,9 @@
 (:func:`build_loaders`), an optional resume, the epochs (:func:`fit`:
 :func:`~pyg_mgpu.train.loop.train_epoch`, validation, checkpoint; a stop signal ends them at the
 next step, with a checkpoint of it), then the test accuracy of the best model and the run's
-outputs (:func:`report`). Validation runs on rank 0 between barriers (``--eval-on rank0``, the recipe's shape) or sharded over all ranks
-(``--eval-on all``); either way accuracies are sums and counts divided once.
+outputs (:func:`report`). Validation runs on rank 0 between barriers (``--eval-on rank0``, the
+recipe's shape) or sharded over all ranks (``--eval-on all``); either way accuracies are sums
+and counts divided once.
 """
 from __future__ import annotations
 
