@@ -169,3 +169,27 @@ def test_a_crash_after_every_rank_finished_its_work_does_not_fail_the_job(tmp_pa
     (tmp_path / "done1").unlink()
     with pytest.raises(RankFailed, match="rank 1 was killed by signal SIGABRT"):
         watch.raise_for(outcome, 0, str(tmp_path), grace_s=2)
+
+
+def test_a_launch_removes_the_report_folders_of_launchers_that_no_longer_exist(monkeypatch,
+                                                                               tmp_path):
+    # A job SIGKILLed as a whole (its process group) leaves its folder behind.
+    import subprocess
+    import sys
+    import tempfile
+
+    from pyg_mgpu.distributed.reports import REPORT_DIR_PREFIX, new_report_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    orphan = tmp_path / f"{REPORT_DIR_PREFIX}{int(ended.stdout)}-abc"
+    live = tmp_path / f"{REPORT_DIR_PREFIX}{os.getppid()}-abc"
+    unnamed = tmp_path / f"{REPORT_DIR_PREFIX}abc"
+    for folder in (orphan, live, unnamed):
+        (folder / "stop0").parent.mkdir()
+        (folder / "stop0").write_text("15")
+    made = new_report_dir()
+    assert not orphan.exists() and live.exists() and unnamed.exists()
+    assert os.path.basename(made).startswith(f"{REPORT_DIR_PREFIX}{os.getpid()}-")
+    assert os.path.dirname(made) == str(tmp_path)

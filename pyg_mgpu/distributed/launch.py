@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -31,7 +30,7 @@ from pyg_mgpu.distributed.devices import (
 )
 from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
 from pyg_mgpu.distributed.process_group import process_group, torchrun_process_group
-from pyg_mgpu.distributed.reports import reported
+from pyg_mgpu.distributed.reports import new_report_dir, reported
 from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S
 from pyg_mgpu.distributed.watch import LauncherSignals, raise_for, watch_ranks
 
@@ -73,7 +72,7 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
         resolve_backend(backend, device)
     init_method = f"tcp://127.0.0.1:{free_port()}"
     # CLOCK_MONOTONIC is system-wide, so stamps from different ranks compare.
-    report_dir = tempfile.mkdtemp(prefix="pyg_mgpu-failures-")
+    report_dir = new_report_dir()
     # torch reads this once, at its first allocation: it must be in the ranks' starting
     # environment. A baseline runs without it (whatever this process was given), a tuned run
     # with it unless the user chose otherwise.

@@ -5,13 +5,34 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Iterator
 
 from pyg_mgpu.distributed import stop
+
+
+REPORT_DIR_PREFIX = "pyg_mgpu-failures-"
+
+
+def new_report_dir() -> str:
+    """A new report folder, named after this launcher's pid.
+
+    A job killed outright (SIGKILL to its whole process group) cannot remove its folder, so
+    each launch first removes the folders of launchers that no longer exist.
+    """
+    for path in Path(tempfile.gettempdir()).glob(f"{REPORT_DIR_PREFIX}*-*"):
+        try:
+            os.kill(int(path.name[len(REPORT_DIR_PREFIX):].split("-")[0]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, PermissionError):  # not named by a pid, or another user's job
+            pass
+    return tempfile.mkdtemp(prefix=f"{REPORT_DIR_PREFIX}{os.getpid()}-")
 
 
 @contextlib.contextmanager
