@@ -104,8 +104,8 @@ def iota(size: int, device: torch.device, dtype: torch.dtype = torch.long) -> Te
 
     The kept tensor only grows, and an outgrown one is never freed: the loader's thread and
     the training thread read them on different CUDA streams, and a freed block could be
-    handed to one stream while the other still reads it. On a GPU a new one is made after
-    every queued kernel has finished, so no stream reads it unwritten.
+    handed to one stream while the other still reads it. On a GPU a new one is written before
+    this returns, so no stream reads it unwritten.
     """
     device = torch.device(device)
     kept = _IOTA.get((device, dtype))
@@ -120,7 +120,7 @@ def iota(size: int, device: torch.device, dtype: torch.dtype = torch.long) -> Te
                     _IOTA_OUTGROWN.append(kept)
                 kept = torch.arange(max(size, 2 * (0 if kept is None else kept.numel()), 1024),
                                     dtype=dtype, device=device)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                if device.type == "cuda":  # this stream only: not a wait on the whole device
+                    torch.cuda.current_stream(device).synchronize()
                 _IOTA[device, dtype] = kept
     return kept[:size]

@@ -103,11 +103,16 @@ def unpadded_step(model: GraphSAGE, batch) -> tuple[torch.Tensor, torch.Tensor, 
     return logits, loss, torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
-def check_same_steps(device, index_dtype=torch.long) -> tuple[GraphedStep, int]:
+def growing_batches(device, index_dtype=torch.long) -> list:
+    """Batches of 20 seeds, then of 40: the layout must grow; the last batch of 40 is smaller.
+    Drawn on the CPU, so that every device trains on the same ones."""
     data = graph(num_features=8)
     data.edge_index = data.edge_index.to(index_dtype)
-    # batches of 20 seeds, then of 40: the layout must grow; the last batch of 40 is smaller
-    loaded = batches(data, 20, device)[:WARMUP_STEPS + 3] + batches(data, 40, device)
+    return [b.to(device) for b in batches(data, 20)[:WARMUP_STEPS + 3] + batches(data, 40)]
+
+
+def check_same_steps(device, index_dtype=torch.long) -> tuple[GraphedStep, int]:
+    loaded = growing_batches(device, index_dtype)
     torch.manual_seed(0)
     model = GraphSAGE(8, 16, 5, len(FANOUT), dropout=0.0).to(device)
     reference = GraphSAGE(8, 16, 5, len(FANOUT), dropout=0.0).to(device)
@@ -168,6 +173,44 @@ def test_a_resumed_layout_pads_the_next_batch_alike():
     assert fresh.static.layout != first.static.layout
 
 
+def test_a_failed_capture_names_the_op_that_failed_and_pauses_loading(monkeypatch):
+    # On CUDA, an op that fails inside a capture is the cause; ending the capture fails after.
+    import contextlib
+
+    import pyg_mgpu.train.graphed_step as graphed_step
+
+    @contextlib.contextmanager
+    def failing_capture(graph, **kwargs):
+        try:
+            yield
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    def op_not_capturable(self):
+        raise RuntimeError("operation not permitted when stream is capturing\nCUDA details")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph", failing_capture)
+    monkeypatch.setattr(graphed_step.GraphedStep, "_side_stream", lambda self: None)
+    batch = growing_batches("cpu")[0]
+    step = GraphedStep(GraphSAGE(8, 16, 5, len(FANOUT)), capture=True)
+    for _ in range(WARMUP_STEPS):
+        step.forward_backward(batch)
+    monkeypatch.setattr(graphed_step.GraphedStep, "_forward_backward", op_not_capturable)
+    paused = []
+
+    @contextlib.contextmanager
+    def pause_loading():
+        paused.append(True)
+        yield
+    with pytest.raises(RuntimeError) as failed:
+        step.forward_backward(batch, pause_loading=pause_loading)
+    assert str(failed.value) == (
+        "--cuda-graph: capturing the training step as a CUDA graph failed (operation not "
+        "permitted when stream is capturing; then operation failed due to a previous error "
+        "during capture); run without --cuda-graph.")
+    assert paused == [True]
+
+
 @pytest.mark.parametrize("argv,missing", [
     (["--model", "gcn"], "--model sage"),
     (["--recipe", "pyg"], "--recipe pyg_mgpu"),
@@ -211,8 +254,31 @@ def test_two_ranks_train_the_same_with_the_padded_step(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_replayed_step_gives_the_unpadded_logits_loss_and_gradients():
-    step, _ = check_same_steps(torch.device("cuda", 0))
-    assert step.stats["captures"] >= 2 and step.stats["replays"] > 0
+    step, steps = check_same_steps(torch.device("cuda", 0))
+    # Every layout that outlived its warm-up steps was captured, and replayed from then on.
+    began = step.summary()["layout_began_at_steps"] + [steps]
+    lasted = [end - start for start, end in zip(began, began[1:])]
+    assert step.stats["captures"] == sum(n > WARMUP_STEPS for n in lasted) >= 1
+    assert step.stats["replays"] == sum(max(n - WARMUP_STEPS, 0) for n in lasted)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replays_draw_the_eager_steps_dropout_masks():
+    # A replay advances CUDA's random offsets as an eager step does: the same masks, in turn.
+    device = torch.device("cuda", 0)
+    loaded = growing_batches(device)
+    runs = []
+    for capture in (False, True):
+        torch.manual_seed(0)
+        step = GraphedStep(GraphSAGE(8, 16, 5, len(FANOUT), dropout=0.5).to(device),
+                           capture=capture)
+        runs.append([tuple(t.clone() for t in (*step.forward_backward(b), step.flat_grad))
+                     for b in loaded])
+        assert step.stats["replays"] > 0 if capture else step.stats["captures"] == 0
+    for eager, replayed in zip(*runs):
+        for a, b in zip(eager, replayed):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.gpu

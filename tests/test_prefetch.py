@@ -38,6 +38,28 @@ def test_runs_ahead_in_another_thread():
     assert set(seen) == {"pyg_mgpu-prefetch"}
 
 
+def test_no_batch_is_prepared_while_paused():
+    # A CUDA graph is captured inside paused(): the loader's thread must not work meanwhile.
+    preparing = threading.Event()
+
+    def slow(n):
+        for b in batches(n):
+            preparing.set()
+            time.sleep(0.05)
+            preparing.clear()
+            yield b
+    got, seen_preparing = [], []
+    with Prefetcher(slow(6), CPU, depth=1) as prefetcher:
+        for batch in prefetcher:  # each time, the thread is preparing the next one
+            got.append(int(batch.x[0, 0]))
+            with prefetcher.paused():
+                for _ in range(5):
+                    seen_preparing.append(preparing.is_set())
+                    time.sleep(0.01)
+    assert got == list(range(6))
+    assert not any(seen_preparing)
+
+
 def test_an_error_while_loading_reaches_the_training_loop():
     def failing():
         yield from batches(2)

@@ -18,6 +18,7 @@ back early.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import threading
@@ -68,6 +69,7 @@ class Prefetcher:
             return
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._loading = threading.Lock()  # held by the thread while it prepares a batch
         self._stream = _side_stream(device) if device.type == "cuda" else None
         if self._stream is not None:
             # What the side stream reads (the graph, the feature cache's rows) may still be
@@ -97,6 +99,17 @@ class Prefetcher:
             self._timer.lap("load")
         return batch
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No batch is being prepared inside this block: it waits for the one in progress and
+        keeps the thread from starting the next. A CUDA graph is captured inside it, since no
+        other thread may issue CUDA work (or wait on the device) during a capture."""
+        if self._thread is None:
+            yield
+            return
+        with self._loading:
+            yield
+
     def __iter__(self) -> Iterator:
         while True:
             batch = self.next()
@@ -111,8 +124,9 @@ class Prefetcher:
                 # context there (as DataLoader's pin-memory thread also does).
                 torch.cuda.set_device(self.device)
             while True:
-                snapshot = self._snapshot() if self._snapshot is not None else None
-                item = self._next_on_device(batches)
+                with self._loading:
+                    snapshot = self._snapshot() if self._snapshot is not None else None
+                    item = self._next_on_device(batches)
                 if item is None:
                     self._put((_DONE, snapshot))
                     return

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -172,9 +173,14 @@ class GraphedStep:
         self._steps = 0
         self._layout_steps: list[int] = []  # the steps that began a layout (the first 20)
 
-    def forward_backward(self, batch) -> tuple[Tensor, Tensor]:
+    def forward_backward(self, batch, pause_loading: Callable[[], ContextManager] = nullcontext
+                         ) -> tuple[Tensor, Tensor]:
         """One batch's forward and backward into the flat gradient, whose all-reduce it starts;
-        returns the seeds' logits (float32) and the mean loss over the real seeds."""
+        returns the seeds' logits (float32) and the mean loss over the real seeds.
+
+        ``pause_loading`` (the prefetcher's :meth:`~pyg_mgpu.sampling.prefetch.Prefetcher.paused`)
+        stops the loader's thread while a graph is captured.
+        """
         nodes = [int(n) for n in batch.num_sampled_nodes]
         edges = [int(e) for e in batch.num_sampled_edges]
         assert nodes[0] == batch.batch_size, "the first node block is the batch's seeds"
@@ -185,7 +191,8 @@ class GraphedStep:
         self.stats["real_nodes"] += sum(nodes)
         self.stats["padded_nodes"] += self.static.layout.num_nodes
         if self._graph is None and self.capture and self._eager_left == 0:
-            self._capture()
+            with pause_loading():
+                self._capture()
         if self._graph is not None:
             self._graph.replay()
             self.stats["replays"] += 1
@@ -268,16 +275,18 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         try:
             # On the warm-up steps' stream (their lazily made workspaces belong to it);
-            # thread_local: the prefetch thread may sample and copy, with host reads, meanwhile.
+            # thread_local: other threads' CUDA calls (NCCL's watchdog) do not void it.
             with torch.cuda.graph(graph, stream=self._side_stream(),
                                   capture_error_mode="thread_local"):
                 outputs = self._forward_backward()
         except RuntimeError as error:
             # A failed capture leaves torch's allocator and current stream as the capture had
-            # them: no eager step after it would be sound.
+            # them: no eager step after it would be sound. An op that failed inside the capture
+            # is the cause; ending the capture then fails too.
+            causes = [e for e in (error.__context__, error) if e is not None]
+            said = "; then ".join(str(e).splitlines()[0] for e in causes)
             raise RuntimeError(f"--cuda-graph: capturing the training step as a CUDA graph "
-                               f"failed ({str(error).splitlines()[0]}); run without "
-                               "--cuda-graph.") from error
+                               f"failed ({said}); run without --cuda-graph.") from error
         self._graph, self._outputs = graph, outputs
         self.stats["captures"] += 1
 

@@ -255,7 +255,7 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
                 loss.backward()
                 timer.lap("backward")
             else:  # padded; forward and backward replayed from one CUDA graph
-                out, loss = graphed.forward_backward(batch)
+                out, loss = graphed.forward_backward(batch, pause_loading=batches.paused)
                 timer.lap("forward")
             next_batch = batches.next()  # while the gradient all-reduce runs
             if grad_sync is not None or graphed is not None:
