@@ -41,13 +41,36 @@ def ignore_the_stop(ctx):
             time.sleep(0.05)
 
 
+class SlowToStart:
+    """An argument whose unpickling takes ``seconds``: a rank receives it before its stop
+    handlers are installed, as a rank still importing a large library would."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return _arrive_after, (self.seconds,)
+
+
+def _arrive_after(seconds: float) -> "SlowToStart":
+    print("rank starting", flush=True)
+    time.sleep(seconds)
+    return SlowToStart(seconds)
+
+
+def start_slowly(ctx, slow):
+    sleep_until_stopped(ctx)
+
+
 if __name__ == "__main__":  # the launcher as a user's script runs it
     from pyg_mgpu.distributed.context import JobStopped
     from pyg_mgpu.distributed.launch import spawn
 
-    target = {"sleep": sleep_until_stopped, "ignore": ignore_the_stop}[sys.argv[1]]
+    target = {"sleep": sleep_until_stopped, "ignore": ignore_the_stop,
+              "slow_start": start_slowly}[sys.argv[1]]
+    args = (SlowToStart(30.0),) if target is start_slowly else ()
     try:
-        spawn(target, devices="cpu", nprocs=2, grace_s=float(sys.argv[2]))
+        spawn(target, args=args, devices="cpu", nprocs=2, grace_s=float(sys.argv[2]))
     except JobStopped as e:
         print(f"JobStopped: {e}", flush=True)
         sys.exit(stop.stopped_exit_code(e.signum))

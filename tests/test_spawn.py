@@ -107,6 +107,26 @@ def test_a_stop_is_a_completed_job_only_if_every_function_returned(tmp_path):
     watch.raise_for(outcome, signal.SIGINT, str(tmp_path), grace_s=2)  # completed
 
 
+def test_ranks_the_forwarded_signal_ended_outright_were_stopped_not_failed(tmp_path, capsys):
+    # Before their handlers were installed, or after their work was done: the launcher's own
+    # stop signal ended them. Done by both, the job completed; otherwise it stopped.
+    signals = watch.LauncherSignals(grace_s=2)
+    signals.signum = signal.SIGTERM
+    outcome = watch.watch_ranks(_ended([0, -signal.SIGTERM]), signals)
+    assert outcome.first_failed is None
+    (tmp_path / "done0").touch()
+    with pytest.raises(JobStopped) as stopped:
+        watch.raise_for(outcome, signal.SIGTERM, str(tmp_path), grace_s=2)
+    assert stopped.value.signum == signal.SIGTERM
+    (tmp_path / "done1").touch()
+    watch.raise_for(outcome, signal.SIGTERM, str(tmp_path), grace_s=2)  # completed
+    assert "SIGTERM arrived as the ranks finished; the job completed" in capsys.readouterr().err
+    # Another signal than the launcher's is a rank's failure.
+    outcome = watch.watch_ranks(_ended([0, -signal.SIGKILL]), signals)
+    with pytest.raises(RankFailed, match="rank 1 was killed by signal SIGKILL"):
+        watch.raise_for(outcome, signal.SIGTERM, str(tmp_path), grace_s=2)
+
+
 @pytest.mark.slow
 def test_ranks_joining_later_than_the_collective_timeout_still_meet():
     # The rendezvous waits longer than the collectives' 1 s timeout: rank 1 comes 4 s late.

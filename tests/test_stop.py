@@ -339,6 +339,31 @@ def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message, to):
         job.wait()
 
 
+@pytest.mark.parametrize("to", ["launcher", "process group"])
+def test_a_stop_while_the_ranks_start_is_a_stop_not_a_failure(tmp_path, to):
+    # The ranks are still unpickling their arguments (as a rank still importing would be):
+    # no stop handler yet, so the signal ends them outright.
+    log = tmp_path / "log.txt"
+    job = start([sys.executable, str(REPO / "tests" / "_stop_ranks.py"), "slow_start", "30"],
+                log)
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("rank starting") < 2:
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        if to == "launcher":
+            job.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(job.pid, signal.SIGTERM)
+        code = wait_for_exit(job, "SIGTERM", timeout_s=60)
+        assert code == 128 + signal.SIGTERM, log.read_text()
+        assert "JobStopped: stopped by SIGTERM" in log.read_text()
+        assert "killed by signal" not in log.read_text(), log.read_text()
+    finally:
+        kill_group(job.pid)
+        job.wait()
+
+
 def test_a_rank_whose_launcher_died_before_it_started_stops():
     # The launcher passes its pid: a rank that only starts watching after the launcher's death
     # (its parent is then another process) still stops, as on SIGTERM.

@@ -85,7 +85,8 @@ def watch_ranks(processes: list, signals: LauncherSignals) -> Outcome:
             multiprocessing.connection.wait([p.sentinel for p in running], timeout=0.25)
         # Scanned after `running` was taken, so ranks that all end at once are still seen.
         for index, process in enumerate(processes):
-            if process.exitcode not in (None, 0) and outcome.first_failed is None:
+            if (process.exitcode not in (None, 0, stopped_by(signals.signum))
+                    and outcome.first_failed is None):
                 outcome.first_failed = (index, process.exitcode)
                 outcome.killed_by_signal = [i for i, p in enumerate(processes)
                                             if p.exitcode is not None and p.exitcode < 0]
@@ -97,6 +98,12 @@ def watch_ranks(processes: list, signals: LauncherSignals) -> Outcome:
             outcome.killed_after_grace += [i for i, p in enumerate(processes)
                                            if p.exitcode is None]
             kill(processes)
+
+
+def stopped_by(signum: int) -> Optional[int]:
+    """The exit code of a rank that the launcher's stop signal ended before (still importing)
+    or after (exiting) its handler: a stop, not a failure. None without a signal."""
+    return -signum if signum else None
 
 
 def kill(processes: list) -> None:
@@ -127,7 +134,9 @@ def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
         return
     during = f" (while stopping on {stop.signal_name(launcher_signal)})" \
         if launcher_signal else ""
-    killed = [i for i in outcome.killed_by_signal if i not in reports]
+    # Ended by the very signal the launcher forwarded: stopped, not failed (see stopped_by).
+    killed = [i for i in outcome.killed_by_signal if i not in reports
+              and outcome.exit_codes[i] != stopped_by(launcher_signal)]
     if killed:  # the cause: a peer's report is then the lost connection it left behind
         index = killed[0]
         then = "".join(f"; then rank {r} failed: {reports[r][1].strip().splitlines()[-1]}"
