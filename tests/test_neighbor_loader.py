@@ -568,6 +568,25 @@ def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():
     check_names_callers_edges(data, next(iter(NeighborLoader(data, [3], batch_size=8))))
 
 
+def test_nodes_added_after_a_loader_was_built_are_sampled():
+    # The same edge_index, more nodes (isolated ones appended): the cached CSC is stale.
+    data = random_graph()
+    n = data.num_nodes
+    NeighborLoader(data, [3], batch_size=8)
+    data.x, data.num_nodes = torch.cat([data.x, torch.arange(n, n + 4)]), n + 4
+    batch = next(iter(NeighborLoader(data, [3], input_nodes=torch.arange(n, n + 4),
+                                     batch_size=4)))
+    assert batch.n_id.tolist() == list(range(n, n + 4)) and batch.edge_index.numel() == 0
+    hetero = HeteroData()
+    hetero["a"].x, hetero["b"].x = torch.arange(5), torch.arange(3)
+    hetero["a", "to", "b"].edge_index = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 0]])
+    NeighborLoader(hetero, [2], input_nodes="b", batch_size=2)
+    hetero["b"].x = torch.arange(4)
+    batch = next(iter(NeighborLoader(hetero, [2], input_nodes=("b", torch.tensor([3])),
+                                     batch_size=1)))
+    assert batch["b"].n_id.tolist() == [3] and batch["a"].num_nodes == 0
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_distributed_sees_every_input_node_once_per_epoch(shuffle):
     data = random_graph(num_nodes=103)

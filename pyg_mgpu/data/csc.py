@@ -198,20 +198,24 @@ def attach_csc(data: Data, csc: CSC, transpose: bool = False) -> Data:
     return data
 
 
-def cached_csc(data: Data, transpose: bool = False) -> Optional[CSC]:
-    """The CSC cached with ``data``, if it still describes ``data.edge_index``."""
+def cached_csc(data: Data, transpose: bool = False,
+               num_nodes: Optional[int] = None) -> Optional[CSC]:
+    """The CSC cached with ``data``, if it still describes ``data.edge_index`` (and, where
+    given, ``num_nodes`` pointer columns)."""
     csc = data.__dict__.get(_CACHE_KEYS[transpose])
     if csc is None:
         return None
     if csc.edge_index is not None and csc.edge_index is not data.get("edge_index"):
         return None  # edge_index was replaced since: stale
+    if num_nodes is not None and csc.num_nodes != num_nodes:
+        return None  # nodes were added (or removed) since: stale
     return csc
 
 
 def csc_of(data: Data, is_sorted: bool = False, transpose: bool = False) -> CSC:
     """``data``'s CSC (CSR with ``transpose``): the cached one, or built now on
     ``edge_index``'s device and cached."""
-    csc = cached_csc(data, transpose)
+    csc = cached_csc(data, transpose, data.num_nodes)
     if csc is None:
         edge_index = data.get("edge_index")
         if edge_index is None:  # a graph without edges, as PyG's samplers take it
@@ -233,11 +237,11 @@ def edge_type_csc(data: HeteroData, edge_type: tuple, is_sorted: bool = False,
     """The CSC of one edge type of a ``HeteroData`` (destination nodes as columns; with
     ``transpose``, source nodes: its out-edges), cached with its edge store."""
     store = data[edge_type]
-    csc = cached_csc(store, transpose)
+    src, dst = data[edge_type[0]].num_nodes, data[edge_type[-1]].num_nodes
+    if transpose:
+        src, dst = dst, src
+    csc = cached_csc(store, transpose, dst)
     if csc is None:
-        src, dst = data[edge_type[0]].num_nodes, data[edge_type[-1]].num_nodes
-        if transpose:
-            src, dst = dst, src
         csc = build_csc(store.edge_index, dst, is_sorted, transpose, num_src_nodes=src)
         attach_csc(store, csc, transpose)
     return csc
