@@ -1,5 +1,7 @@
 """Atomic writes and resume: a crash never corrupts the last good checkpoint."""
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -28,6 +30,18 @@ TINY = ["--num-nodes", "2000", "--num-edges", "20000", "--num-features", "8", "-
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_outputs_get_the_mode_the_umask_gives(tmp_path, umask, mode):
+    # As open() would make them: readable by a team on a shared machine where the umask says so.
+    before = os.umask(umask)
+    try:
+        path = checkpoint.save_json({"a": 1}, tmp_path / "metrics.json")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert json.loads(path.read_text()) == {"a": 1}
+
+
 def test_resume_reaches_the_uninterrupted_result(tmp_path):
     assert main(TINY + ["--epochs", "3", "--out", str(tmp_path / "full")]) == 0
     assert main(TINY + ["--epochs", "2", "--out", str(tmp_path / "cut")]) == 0

@@ -24,6 +24,8 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, mode) as f:
+            # mkstemp makes the file private (0600): give it the mode open() would have.
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -33,6 +35,12 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading it means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def save_torch(obj: Any, path: Path) -> Path:
