@@ -12,8 +12,9 @@ Loaded with ``-p`` before PyG's test modules are imported, it does three things:
    ``WITH_TORCH_SPARSE``, ``WITH_WEIGHTED_NEIGHBOR_SAMPLE`` and
    ``WITH_EDGE_TIME_NEIGHBOR_SAMPLE`` read True, so the tests take the branches that pyg-lib's
    sampler passes. PyG's internals see the real values again once the module is imported.
-3. Each test's outcome is written to ``$PYG_TESTS_REPORT`` (JSON) with the sampler classes it
-   built or sampled with, so that a pass is known to have run pyg_mgpu's code.
+3. Each test's outcome is written to ``$PYG_TESTS_REPORT`` (JSON) with the loader and sampler
+   classes it built or sampled with (recorded as their constructors begin, so that one that
+   raises counts), so that a pass is known to have run pyg_mgpu's code.
 """
 from __future__ import annotations
 
@@ -102,9 +103,9 @@ _used: dict[str, set[str]] = collections.defaultdict(set)
 _results: dict[str, dict] = {}
 
 
-def _record(sampler) -> None:
+def _record(obj) -> None:
     if _current:
-        _used[_current[0]].add(f"{type(sampler).__module__}.{type(sampler).__qualname__}")
+        _used[_current[0]].add(f"{type(obj).__module__}.{type(obj).__qualname__}")
 
 
 def _recording_init(cls, attribute: str) -> None:
@@ -140,7 +141,8 @@ _recording_init(LinkLoader, "link_sampler")
 for cls in {*SAMPLERS, pyg_mgpu.NeighborSampler, pyg_mgpu.BidirectionalNeighborSampler}:
     for name in ("sample_from_nodes", "sample_from_edges"):
         _recording_method(cls, name)
-for cls in (pyg_mgpu.NeighborSampler, pyg_mgpu.BidirectionalNeighborSampler):
+for cls in (pyg_mgpu.NeighborSampler, pyg_mgpu.BidirectionalNeighborSampler,
+            pyg_mgpu.NeighborLoader, pyg_mgpu.LinkNeighborLoader):
     _recording_construction(cls)
 
 

@@ -1,6 +1,8 @@
 """``pyg_mgpu.LinkNeighborLoader``: PyG's link loader on pyg_mgpu's sampler (the same batches as
 PyG's class handed that sampler), and with ``distributed=True`` equal steps on every rank, every
 seed edge once per epoch over the ranks, and each rank's own negatives."""
+import re
+
 import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
@@ -130,3 +132,18 @@ def test_distributed_refuses_its_own_batching_overridden():
     with pytest.raises(ValueError, match="drop_last"):
         pyg_mgpu.LinkNeighborLoader(graph(), [2], batch_size=8, drop_last=True,
                                     distributed=True, rank=0, world_size=2)
+
+
+def test_seed_edges_outside_the_graph_are_named_when_the_loader_is_built():
+    data = graph()
+    for index, says in ((torch.tensor([[0, 80], [1, 2]]), "(sources) holds node ids from 0 to 80"),
+                        (torch.tensor([[0, 1], [2, -1]]), "(destinations) holds node ids from -1"),
+                        (torch.tensor([[0, 1, 2]]), "has shape (1, 3)")):
+        with pytest.raises(ValueError, match=re.escape(f"edge_label_index {says}")):
+            pyg_mgpu.LinkNeighborLoader(data, [2], edge_label_index=index, batch_size=4)
+    hetero = HeteroData()
+    hetero["a"].x, hetero["b"].x = torch.arange(5), torch.arange(3)
+    hetero["a", "to", "b"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match=r"of type \('a', 'to', 'b'\) \(destinations\)"):
+        pyg_mgpu.LinkNeighborLoader(hetero, [2], batch_size=2, edge_label_index=(
+            ("a", "to", "b"), torch.tensor([[0], [3]])))

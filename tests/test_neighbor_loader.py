@@ -568,6 +568,39 @@ def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():
     check_names_callers_edges(data, next(iter(NeighborLoader(data, [3], batch_size=8))))
 
 
+@pytest.mark.parametrize("kwargs,error,says", [
+    ({"input_nodes": torch.tensor([0, 200])}, ValueError, "input_nodes holds node ids from 0 to 200"),
+    ({"input_nodes": torch.tensor([-1, 3])}, ValueError, "ids run from 0 to 199"),
+    ({"input_nodes": torch.ones(150, dtype=torch.bool)}, ValueError, "a mask of 150 entries"),
+    ({"input_nodes": torch.tensor([1.0, 2.0])}, TypeError, "torch.float32 values"),
+    ({"input_nodes": torch.tensor([[1, 2]])}, ValueError, "shape (1, 2)"),
+    ({"num_neighbors": 10}, TypeError, "num_neighbors takes integer counts"),
+    ({"num_neighbors": [10.5, 5]}, TypeError, "got [10.5, 5]"),
+    ({"num_neighbors": {("a", "to", "b"): [2]}}, ValueError, "the graph is homogeneous"),
+])
+def test_bad_seeds_and_fanouts_are_named_when_the_loader_is_built(kwargs, error, says):
+    # PyG's loader takes them and fails mid-epoch (an anonymous IndexError), or trains on
+    # part of a short mask without a word.
+    kwargs = {"num_neighbors": [3], **kwargs}
+    with pytest.raises(error) as raised:
+        NeighborLoader(random_graph(), batch_size=8, **kwargs)
+    assert says in str(raised.value)
+
+
+def test_valid_seeds_and_fanouts_in_every_form_pass():
+    import numpy as np
+    data = random_graph()
+    mask = torch.zeros(200, dtype=torch.bool)
+    mask[[3, 7]] = True
+    for kwargs in ({"input_nodes": mask}, {"input_nodes": [3, 7]},
+                   {"input_nodes": torch.tensor([3, 7], dtype=torch.int32)},
+                   {"num_neighbors": (2, 1)}, {"num_neighbors": torch.tensor([2, 1])},
+                   {"num_neighbors": list(np.array([2, 1]))}, {"num_neighbors": [-1]}):
+        kwargs = {"num_neighbors": [2], "input_nodes": [3, 7], **kwargs}
+        batch = next(iter(NeighborLoader(data, batch_size=2, **kwargs)))
+        assert batch.n_id[:2].tolist() == [3, 7]
+
+
 def test_nodes_added_after_a_loader_was_built_are_sampled():
     # The same edge_index, more nodes (isolated ones appended): the cached CSC is stale.
     data = random_graph()

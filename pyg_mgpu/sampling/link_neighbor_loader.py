@@ -24,6 +24,7 @@ from torch_geometric.loader.utils import get_edge_label_index
 from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, rank_sampler,
                                                sampler_options, shard_epochs, without_csc)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.sampling.checks import check_edge_label_index
 
 
 class LinkNeighborLoader(PyGLinkNeighborLoader):
@@ -65,6 +66,7 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
                  neighbor_sampler: Optional[NeighborSampler] = None, directed: bool = True,
                  *, distributed: bool = False, rank: Optional[int] = None,
                  world_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
+        check_edge_label_index(data, edge_label_index)
         self.epoch_sampler: Optional[EpochBatchSampler]
         self.epoch_sampler, rank, seed = shard_epochs(
             kwargs, lambda: get_edge_label_index(data, edge_label_index)[1].size(1),

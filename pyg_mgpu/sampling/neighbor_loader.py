@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from pyg_mgpu.data.csc import drop_cached_csc
 from pyg_mgpu.gpu_path import host_work
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.sampling.checks import check_input_nodes
 from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
 from pyg_mgpu.sampling.walk_batches import Batches, WalkBatches, check_sample_batches
 
@@ -154,6 +155,7 @@ class NeighborLoader(PyGNeighborLoader):
         sample_batches: int = 1,
         **kwargs,
     ):
+        check_input_nodes(data, input_nodes)
         self.epoch_sampler: Optional[EpochBatchSampler]
         self.epoch_sampler, rank, seed = shard_epochs(
             kwargs, lambda: get_input_nodes(data, input_nodes)[1].numel(),

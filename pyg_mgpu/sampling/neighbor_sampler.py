@@ -38,6 +38,7 @@ from torch_geometric.sampler.base import DataType, SubgraphType
 from pyg_mgpu.gpu_path import host_work, iota, takes_gpu_path, to_device
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
 from pyg_mgpu.sampling.batches import BatchCounts, split_batches
+from pyg_mgpu.sampling.checks import check_num_neighbors
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
 from pyg_mgpu.sampling.walk import plan_on_host, walk
 
@@ -109,6 +110,7 @@ class NeighborSampler(PyGNeighborSampler):
         hetero = isinstance(data, HeteroData) or remote.is_hetero_remote(data)
         if not hetero and not isinstance(data, Data) and not remote.is_remote(data):
             raise ValueError(_INPUT_ERROR)
+        check_num_neighbors(num_neighbors, hetero)
         check_options(data, disjoint=disjoint, subgraph_type=subgraph_type,
                       time_attr=time_attr, weight_attr=weight_attr,
                       sample_direction=sample_direction, temporal_strategy=temporal_strategy)
