@@ -113,3 +113,13 @@ def test_library_errors_name_arguments_and_the_cli_names_flags(tmp_path, capsys,
     assert main(TINY + ["--devices", "cuda:0,1", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == ("error: --devices cuda:0,1 asks for GPUs but CUDA sees "
                                        "none; use --devices cpu --nprocs N.\n")
+
+
+def test_more_cpu_ranks_than_cores_are_warned_of(monkeypatch):
+    import warnings
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    with pytest.warns(UserWarning, match="3 CPU ranks on 2 core"):
+        assert resolve_devices("cpu", 3) == [torch.device("cpu")] * 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_devices("cpu", 2) == [torch.device("cpu")] * 2

@@ -147,3 +147,12 @@ def test_seed_edges_outside_the_graph_are_named_when_the_loader_is_built():
     with pytest.raises(ValueError, match=r"of type \('a', 'to', 'b'\) \(destinations\)"):
         pyg_mgpu.LinkNeighborLoader(hetero, [2], batch_size=2, edge_label_index=(
             ("a", "to", "b"), torch.tensor([[0], [3]])))
+
+
+def test_too_few_seed_edges_for_the_ranks_are_named_so():
+    data = graph()
+    with pytest.raises(ValueError, match=re.escape(
+            "cannot give each of 4 ranks at least one of 3 seed edges; shard them over at "
+            "most 3 ranks")):
+        pyg_mgpu.LinkNeighborLoader(data, [2], edge_label_index=data.edge_index[:, :3],
+                                    batch_size=2, distributed=True, rank=0, world_size=4)

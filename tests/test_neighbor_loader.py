@@ -587,6 +587,13 @@ def test_bad_seeds_and_fanouts_are_named_when_the_loader_is_built(kwargs, error,
     assert says in str(raised.value)
 
 
+def test_too_few_input_nodes_for_the_ranks_are_refused_when_the_loader_is_built():
+    with pytest.raises(ValueError, match="at least one of 2 input nodes; shard them over at "
+                                         "most 2 ranks"):
+        NeighborLoader(random_graph(), [2], input_nodes=[3, 7], batch_size=2,
+                       distributed=True, rank=0, world_size=3)
+
+
 def test_valid_seeds_and_fanouts_in_every_form_pass():
     import numpy as np
     data = random_graph()

@@ -213,3 +213,19 @@ def test_a_launch_removes_the_report_folders_of_launchers_that_no_longer_exist(m
     assert not orphan.exists() and live.exists() and unnamed.exists()
     assert os.path.basename(made).startswith(f"{REPORT_DIR_PREFIX}{os.getpid()}-")
     assert os.path.dirname(made) == str(tmp_path)
+
+
+def test_what_a_new_process_cannot_start_is_refused_before_starting_any(monkeypatch):
+    def nested(ctx):
+        pass
+    started = []
+    monkeypatch.setattr("pyg_mgpu.distributed.launch.launch_local",
+                        lambda *a, **k: started.append(a))
+    for fn in (lambda ctx: None, nested):
+        with pytest.raises(TypeError, match="define it with def at the top level of a .py"):
+            spawn(fn, devices="cpu", nprocs=2)
+    with pytest.raises(TypeError, match=r"for one argument, args=\(x,\)"):
+        spawn(_spawn_ranks.record_context, args=Data(x=torch.ones(2)), devices="cpu")
+    assert started == []
+    spawn(_spawn_ranks.record_context, args=[1], devices="cpu")  # a list is a tuple here
+    assert len(started) == 1

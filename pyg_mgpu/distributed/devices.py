@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 
 import torch
 
@@ -56,7 +57,14 @@ def resolve_devices(devices: str, nprocs: int | None,
         raise ArgumentError(f"{{nprocs={nprocs}}}: a job needs at least 1 rank.")
     if spec == "cpu":
         resolve_backend(backend, torch.device("cpu"))  # nccl: say why not
-        return [torch.device("cpu")] * (nprocs or 2)
+        ranks = nprocs or 2
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+        if ranks > cores:
+            warnings.warn(f"{ranks} CPU ranks on {cores} core(s): each rank is a process with "
+                          "a runtime of its own, so ranks beyond the cores only take turns, "
+                          f"and take memory; up to {cores} train as fast.", stacklevel=2)
+        return [torch.device("cpu")] * ranks
     if not spec.startswith("cuda"):
         raise ArgumentError(f"{{devices}} must be auto, cpu, cuda or cuda:0,1,...; got "
                             f"{devices!r}.")

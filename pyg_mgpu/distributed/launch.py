@@ -11,7 +11,9 @@ arguments' graphs and tensors once, before any rank starts.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -112,6 +114,26 @@ def share_args(args: Sequence) -> None:
             arg.share_memory_()
 
 
+def check_rank_function(fn: Callable, args) -> None:
+    """Spawned ranks import ``fn`` by name and receive ``args`` as a tuple: say so before
+    starting them, rather than with a pickling traceback from each."""
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args takes a tuple of fn's arguments after ctx, got a "
+                        f"{type(args).__name__}: for one argument, args=(x,).")
+    try:
+        pickle.dumps(fn)  # a function pickles as its module and name
+        # ... which a rank can import only from a file, not from an interactive session.
+        importable = (getattr(fn, "__module__", None) != "__main__"
+                      or bool(getattr(sys.modules.get("__main__"), "__file__", None)))
+    except (pickle.PicklingError, AttributeError, TypeError):
+        importable = False
+    if not importable:
+        raise TypeError(f"fn={getattr(fn, '__qualname__', fn)!r} cannot be started in a new "
+                        "process, which imports it by name: define it with def at the top "
+                        "level of a .py file (not a lambda, a nested function or a notebook "
+                        "cell), or run under torchrun.")
+
+
 def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
           nprocs: int | None = None, timeout_s: float | None = None,
           backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S, *,
@@ -162,6 +184,8 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
             the message names the failing rank with its traceback (or signal).
         JobStopped: when a stop signal ended the job before ``fn`` returned on every rank.
         ValueError: when ``devices`` or ``nprocs`` cannot be satisfied (the message says why).
+        TypeError: when ``fn`` cannot be imported by a new process (a lambda, a nested
+            function, a notebook cell's) or ``args`` is not a tuple; nothing is started.
 
     Example:
         A script whose ranks each print where they run (``fn`` is defined at module level)::
@@ -178,6 +202,7 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
                                     grace_s=grace_s) as ctx:
             fn(ctx, *args)
         return
+    check_rank_function(fn, args)
     rank_devices = resolve_devices(devices, nprocs, backend)
     share_args(args)
     launch_local(fn, rank_devices, args=tuple(args), timeout_s=timeout_s, backend=backend,

@@ -70,7 +70,8 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
         self.epoch_sampler: Optional[EpochBatchSampler]
         self.epoch_sampler, rank, seed = shard_epochs(
             kwargs, lambda: get_edge_label_index(data, edge_label_index)[1].size(1),
-            distributed=distributed, rank=rank, world_size=world_size, seed=seed)
+            distributed=distributed, rank=rank, world_size=world_size, seed=seed,
+            items="seed edges")
         if neighbor_sampler is None:
             neighbor_sampler = rank_sampler(data, num_neighbors, kwargs, seed=seed, rank=rank,
                                             **sampler_options(locals()))

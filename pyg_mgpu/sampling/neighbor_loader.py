@@ -45,8 +45,9 @@ class EpochBatchSampler:
     """
 
     def __init__(self, num_items: int, *, seed: int, rank: int, world_size: int,
-                 batch_size: int, shuffle: bool = True, batches_per_walk: int = 1):
-        self.num_items = num_items
+                 batch_size: int, shuffle: bool = True, batches_per_walk: int = 1,
+                 items: str = "input nodes"):
+        self.num_items, self.items = num_items, items
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.batch_size, self.shuffle = batch_size, shuffle
         self.batches_per_walk = batches_per_walk
@@ -62,7 +63,7 @@ class EpochBatchSampler:
     @property
     def steps_per_epoch(self) -> int:
         """Batches in a whole epoch (``len`` counts those left from ``start_step``)."""
-        return steps_per_epoch(self.num_items, self.world_size, self.batch_size)
+        return steps_per_epoch(self.num_items, self.world_size, self.batch_size, self.items)
 
     def __len__(self) -> int:
         return self.steps_per_epoch - self.start_step
@@ -246,17 +247,18 @@ def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple
 
 def shard_epochs(kwargs: dict, count_inputs: Callable[[], int], *, distributed: bool,
                  rank: Optional[int], world_size: Optional[int],
-                 seed: Optional[int]) -> tuple[Optional[EpochBatchSampler], Optional[int],
-                                               Optional[int]]:
+                 seed: Optional[int], items: str = "input nodes"
+                 ) -> tuple[Optional[EpochBatchSampler], Optional[int], Optional[int]]:
     """With ``distributed``: this rank's epoch batch sampler over ``count_inputs()`` seeds
-    (nodes or edges), put into DataLoader's ``kwargs`` as its ``batch_sampler``; with the
-    rank, and the seed (default 0: every rank must permute alike). Returns ``(sampler or None,
-    rank, seed)``."""
+    (``items``: nodes or edges), put into DataLoader's ``kwargs`` as its ``batch_sampler``;
+    with the rank, and the seed (default 0: every rank must permute alike). Returns ``(sampler
+    or None, rank, seed)``."""
     if not distributed:
         return None, rank, seed
     rank, world_size = rank_and_world_size(rank, world_size)
     seed = 0 if seed is None else seed
-    sampler = epoch_sampler(count_inputs(), kwargs, seed=seed, rank=rank, world_size=world_size)
+    sampler = epoch_sampler(count_inputs(), kwargs, seed=seed, rank=rank, world_size=world_size,
+                            items=items)
     kwargs["batch_sampler"] = sampler
     return sampler, rank, seed
 
@@ -282,7 +284,7 @@ def rank_sampler(data, num_neighbors, kwargs: dict, *, seed: Optional[int],
 
 
 def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,
-                  world_size: int) -> EpochBatchSampler:
+                  world_size: int, items: str = "input nodes") -> EpochBatchSampler:
     """Takes DataLoader's batching arguments out of ``kwargs`` into an epoch batch sampler over
     ``num_inputs`` seeds (nodes, or edges)."""
     if kwargs.get("sampler") is not None or kwargs.get("batch_sampler") is not None:
@@ -293,8 +295,10 @@ def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,
                          "batches of near-equal size; drop drop_last=True.")
     batch_size = kwargs.pop("batch_size", 1)
     shuffle = kwargs.pop("shuffle", False)
-    return EpochBatchSampler(num_inputs, seed=seed, rank=rank, world_size=world_size,
-                             batch_size=batch_size, shuffle=shuffle)
+    sampler = EpochBatchSampler(num_inputs, seed=seed, rank=rank, world_size=world_size,
+                                batch_size=batch_size, shuffle=shuffle, items=items)
+    steps_per_epoch(num_inputs, world_size, batch_size, items)  # refuses it now, not mid-run
+    return sampler
 
 
 def without_csc(batch):

@@ -16,25 +16,30 @@ from torch import Tensor
 from pyg_mgpu.errors import ArgumentError
 
 
-def steps_per_epoch(num_items: int, world_size: int, batch_size: int) -> int:
+def steps_per_epoch(num_items: int, world_size: int, batch_size: int,
+                    items: str = "training nodes") -> int:
     """Batches each rank runs per epoch: enough for the largest shard."""
-    check_shardable(num_items, world_size, batch_size)
+    check_shardable(num_items, world_size, batch_size, items,
+                    fewer_ranks=f"shard them over at most {num_items} ranks")
     largest_shard = math.ceil(num_items / world_size)
     return math.ceil(largest_shard / batch_size)
 
 
-def check_shardable(num_items: int, world_size: int, batch_size: int) -> None:
+def check_shardable(num_items: int, world_size: int, batch_size: int,
+                    items: str = "training nodes",
+                    fewer_ranks: str = "use fewer ranks ({nprocs} / {devices})") -> None:
+    """Refuses what cannot give every rank the same number of batches; ``items`` names what
+    is sharded, ``fewer_ranks`` how to run fewer ranks (in :class:`ArgumentError`'s terms)."""
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}.")
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}.")
     if num_items < world_size:
         raise ArgumentError(f"cannot give each of {world_size} ranks at least one of "
-                            f"{num_items} training nodes; use fewer ranks ({{nprocs}} / "
-                            "{devices}).")
+                            f"{num_items} {items}; {fewer_ranks}.")
     if batch_size == 1 and num_items % world_size:
         # The smaller shards would be one batch short, and DDP needs equal step counts.
-        raise ArgumentError(f"batch size 1 with {num_items} training nodes on {world_size} "
+        raise ArgumentError(f"batch size 1 with {num_items} {items} on {world_size} "
                             "ranks leaves a rank one batch short; use {batch_size=2} or more.")
 
 
