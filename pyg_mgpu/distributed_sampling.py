@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from types import SimpleNamespace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -259,7 +260,12 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
         cfg.faults.resume = cfg.outputs.out if (out / CHECKPOINT).is_file() else None
     torchrun = launched_by_torchrun()
-    devices = None if torchrun else resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs, cfg.ranks.backend)
+    with warnings.catch_warnings(record=True) as notices:  # one line each, as errors are
+        warnings.simplefilter("always")
+        devices = None if torchrun else resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs,
+                                                        cfg.ranks.backend)
+    for notice in notices:
+        print(f"warning: {notice.message}", file=sys.stderr)
     if cfg.faults.resume:
         check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
     if torchrun:

@@ -1,6 +1,7 @@
 """The command line: one-line errors for bad input, and complete outputs for a real run."""
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -57,6 +58,7 @@ def test_more_ranks_than_training_nodes_is_refused(tmp_path, capsys):
                    "--out", str(tmp_path)]
     assert main(argv) == 2
     err = capsys.readouterr().err
+    assert "warning: 6 CPU ranks on" in err or len(os.sched_getaffinity(0)) >= 6
     assert "cannot give each of 6 ranks at least one of 5 training nodes" in err
     assert "use fewer ranks (--nprocs / --devices)" in err
 
