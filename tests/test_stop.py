@@ -6,6 +6,7 @@ scripts start it; the signals land while epoch 2 trains.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -334,6 +335,37 @@ def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message, to):
         if target == "ignore":
             assert f"had not ended within {grace_s}s" in log.read_text()
         assert wait_until_gone([p.pid for p in ranks], timeout_s=5) == []
+    finally:
+        kill_group(job.pid)
+        job.wait()
+
+
+@pytest.mark.parametrize("second", ["the same, delivered twice", "a second one"])
+def test_a_repeated_signal_is_one_stop_and_a_second_one_cuts_the_grace_short(tmp_path,
+                                                                              second):
+    # GNU timeout signals the launcher, then its whole process group: one stop, delivered
+    # twice. A second signal a while later kills the ranks at once: still a stop (143).
+    log = tmp_path / "log.txt"
+    job = start([sys.executable, str(REPO / "tests" / "_stop_ranks.py"), "ignore", "3"], log)
+    try:
+        wait_for_output(job, log, "rank 0 ready", timeout_s=60)
+        wait_for_output(job, log, "rank 1 ready", timeout_s=60)
+        job.send_signal(signal.SIGTERM)
+        if second == "the same, delivered twice":
+            time.sleep(0.1)  # long enough for the first to be handled, not to be coalesced
+            os.killpg(job.pid, signal.SIGTERM)
+        else:
+            time.sleep(1.0)
+            job.send_signal(signal.SIGTERM)
+        code = wait_for_exit(job, "SIGTERM", timeout_s=60)
+        assert code == 128 + signal.SIGTERM, log.read_text()
+        within = re.search(r"had not ended within ([\d.]+)s", log.read_text())
+        assert within, log.read_text()
+        if second == "the same, delivered twice":
+            assert float(within[1]) == 3  # the whole grace period
+        else:
+            assert 1 <= float(within[1]) < 3  # cut short by the second signal
+        assert "Traceback" not in log.read_text(), log.read_text()
     finally:
         kill_group(job.pid)
         job.wait()

@@ -17,18 +17,23 @@ from pyg_mgpu.distributed.context import JobStopped, RankFailed
 from pyg_mgpu.distributed.reports import done_reports, failure_reports, stop_reports
 
 LAUNCHER_GRACE_MARGIN_S = 2.0
+# The same signal again this soon is one stop delivered twice, not a second one: GNU timeout
+# signals its child, then the child's whole process group.
+REPEAT_WINDOW_S = 0.5
 
 
 class LauncherSignals:
     """The launcher's stop-signal handlers, for the time its ranks run.
 
     The first SIGTERM, SIGINT or SIGHUP is forwarded to every rank and starts the grace period;
-    a second one ends the grace period at once.
+    a second one (not the first delivered again, see :data:`REPEAT_WINDOW_S`) ends the grace
+    period at once.
     """
 
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.signum = 0
+        self.signalled_at: Optional[float] = None
         self.deadline: Optional[float] = None
         self.processes: list = []
         self._previous: dict = {}
@@ -46,13 +51,15 @@ class LauncherSignals:
             signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame) -> None:
-        if self.signum:  # a second signal: no more waiting
-            self.deadline = time.monotonic()
+        now = time.monotonic()
+        if self.signum:
+            if signum != self.signum or now - self.signalled_at > REPEAT_WINDOW_S:
+                self.deadline = now  # a second signal: no more waiting
             return
-        self.signum = signum
+        self.signum, self.signalled_at = signum, now
         # Each rank's own watchdog ends it after grace_s; this is the backstop for a rank whose
         # watchdog cannot run (a C call that never releases the GIL).
-        self.deadline = time.monotonic() + self.grace_s + LAUNCHER_GRACE_MARGIN_S
+        self.deadline = now + self.grace_s + LAUNCHER_GRACE_MARGIN_S
         self.forward()
 
     def forward(self) -> None:
@@ -69,6 +76,7 @@ class Outcome:
         self.first_failed: Optional[tuple[int, int]] = None
         self.killed_after_grace: list[int] = []
         self.exit_codes: list[Optional[int]] = []
+        self.waited_s: Optional[float] = None  # from the stop signal to killing the rest
         # Ranks already dead by a signal when the first failure was seen (none the launcher
         # sent): the kernel's OOM killer, a user's kill -9, a crash.
         self.killed_by_signal: list[int] = []
@@ -86,6 +94,7 @@ def watch_ranks(processes: list, signals: LauncherSignals) -> Outcome:
         # Scanned after `running` was taken, so ranks that all end at once are still seen.
         for index, process in enumerate(processes):
             if (process.exitcode not in (None, 0, stopped_by(signals.signum))
+                    and index not in outcome.killed_after_grace  # killed here: stopped
                     and outcome.first_failed is None):
                 outcome.first_failed = (index, process.exitcode)
                 outcome.killed_by_signal = [i for i, p in enumerate(processes)
@@ -97,6 +106,7 @@ def watch_ranks(processes: list, signals: LauncherSignals) -> Outcome:
         if signals.deadline is not None and time.monotonic() >= signals.deadline:
             outcome.killed_after_grace += [i for i, p in enumerate(processes)
                                            if p.exitcode is None]
+            outcome.waited_s = time.monotonic() - (signals.signalled_at or time.monotonic())
             kill(processes)
 
 
@@ -157,8 +167,9 @@ def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
             print(f"pyg_mgpu: {stop.signal_name(signum)} arrived as the ranks finished; the "
                   "job completed", file=sys.stderr, flush=True)
             return
+        waited = grace_s if outcome.waited_s is None else min(grace_s, outcome.waited_s)
         raise JobStopped(signum, sorted(set(outcome.killed_after_grace) | set(overdue)),
-                         grace_s)
+                         round(waited, 1))
     if outcome.first_failed is None:
         return
     index, code = outcome.first_failed
