@@ -12,6 +12,7 @@ features of that group.
 """
 import argparse
 import json
+import random
 from pathlib import Path
 
 import torch
@@ -166,7 +167,9 @@ def main() -> None:
     args = p.parse_args()
     if args.epochs < 1:
         p.error(f"--epochs must be at least 1, got {args.epochs}")
-    torch.manual_seed(0)  # the split's edges and negatives
+    # The split's edges and negatives (PyG's negative_sampling draws with Python's random).
+    torch.manual_seed(0)
+    random.seed(0)
     # Training links to predict are kept out of the graph the model sees (30% of the training
     # edges), or the model would learn to find each link in its own neighbourhood.
     split = T.RandomLinkSplit(num_val=0.1, num_test=0.1, disjoint_train_ratio=0.3,

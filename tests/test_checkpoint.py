@@ -59,6 +59,10 @@ def test_resume_reaches_the_uninterrupted_result(tmp_path):
 def test_resume_from_a_folder_without_checkpoint(tmp_path, capsys, change, message):
     assert main(TINY + ["--resume", str(tmp_path)] + change) == 2
     assert message in capsys.readouterr().err
+    (tmp_path / "checkpoint.pt").write_bytes(b"")  # the file named instead of its folder
+    assert main(TINY + ["--resume", str(tmp_path / "checkpoint.pt"), "--out",
+                        str(tmp_path / "next")] + change) == 2
+    assert f"pass its folder, --resume {tmp_path}" in capsys.readouterr().err
 
 
 @pytest.mark.slow

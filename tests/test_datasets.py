@@ -349,8 +349,9 @@ NAN_X[3, 1] = np.nan
     ({"edge_index": np.array([[0, 1], [1, 9]])}, "edge_index holds node ids outside"),
     ({"train_idx": np.array([0.0, 1.0])}, "train_idx must hold integer node ids"),
     ({"num_classes": np.array([2, 2])}, "num_classes must be one integer"),
+    ({"x": np.zeros((5, 2), np.float32)}, "features x have 5 rows but labels y have 6"),
 ], ids=["missing-key", "x-shape", "label-range", "nan-feature", "empty-split", "overlap",
-        "split-range", "edge-range", "float-index", "num-classes"])
+        "split-range", "edge-range", "float-index", "num-classes", "rows-disagree"])
 def test_bad_npz_is_rejected(tmp_path, change, problem):
     arrays = {**good_arrays(), **change}
     path = tmp_path / "bad.npz"

@@ -365,9 +365,12 @@ def _validate(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
                                "impute them before training.")
     if y.dim() == 2 and y.size(1) == 1:
         y = y.view(-1)
-    if y.dim() != 1 or y.numel() != num_nodes:
-        raise DatasetError(f"{name}: labels y must have shape [{num_nodes}] (one per node), "
+    if y.dim() != 1:
+        raise DatasetError(f"{name}: labels y must have shape [num_nodes] (one per node), "
                            f"got {tuple(y.shape)}.")
+    if y.numel() != num_nodes:
+        raise DatasetError(f"{name}: features x have {num_nodes} rows but labels y have "
+                           f"{y.numel()}: both need one per node.")
     if torch.is_floating_point(y) and not torch.equal(y, y.round()):
         raise DatasetError(f"{name}: labels y must be integer class ids, got fractional values.")
     seen = torch.zeros(num_nodes, dtype=torch.bool)

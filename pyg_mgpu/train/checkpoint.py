@@ -66,8 +66,10 @@ def check_resumable(cfg, world_size: int) -> dict:
     """
     path = Path(cfg.faults.resume) / CHECKPOINT
     if not path.is_file():
-        raise ValueError(f"--resume {cfg.faults.resume}: no {CHECKPOINT} there; pass the --out folder "
-                         "of a run that finished at least one epoch.")
+        folder = Path(cfg.faults.resume)
+        hint = (f"pass its folder, --resume {folder.parent}" if folder.is_file() else
+                "pass the --out folder of a run that finished at least one epoch")
+        raise ValueError(f"--resume {cfg.faults.resume}: no {CHECKPOINT} there; {hint}.")
     try:
         # mmap: the check reads the config, not the weights (each rank loads those itself).
         # To host memory: a GPU run's checkpoint must not open a CUDA context (or fail) here.
