@@ -247,7 +247,8 @@ def make_out_dir(out: Optional[str]) -> Path:
 
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
-    from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable
+    from pyg_mgpu.data.fingerprint import data_fingerprint
+    from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable, check_same_data
     from pyg_mgpu.train.dataset import load_configured
     from pyg_mgpu.distributed.devices import launched_by_torchrun, resolve_devices
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
@@ -266,15 +267,18 @@ def run(cfg: TrainConfig) -> Path:
                                                         cfg.ranks.backend)
     for notice in notices:
         print(f"warning: {notice.message}", file=sys.stderr)
-    if cfg.faults.resume:
-        check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
+    resumed = (check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
+               if cfg.faults.resume else None)
     if torchrun:
         from pyg_mgpu.train.multinode import run_torchrun_rank
-        run_torchrun_rank(cfg, out)
+        run_torchrun_rank(cfg, out, resumed)
         return out
     start = time.perf_counter()
     graph = load_configured(cfg)
     check_shardable(graph.train_idx.numel(), len(devices), cfg.training.batch_size)
+    fingerprint = data_fingerprint(graph.tensors())
+    if resumed is not None:
+        check_same_data(resumed, fingerprint, cfg.faults.resume)
     graph.share_memory_()
     load_s = time.perf_counter() - start
     print(f"{graph.summary()} | loaded in {load_s:.1f}s | {len(devices)} rank(s) on "
@@ -283,7 +287,8 @@ def run(cfg: TrainConfig) -> Path:
     release_free_heap()
     from pyg_mgpu.train.trainer import run_training
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
-    spawn(run_training, args=(graph, cfg, str(out), {"load_time_s": load_s}),
+    spawn(run_training, args=(graph, cfg, str(out), {"load_time_s": load_s,
+                                                      "data_fingerprint": fingerprint}),
           devices=cfg.ranks.devices, nprocs=cfg.ranks.nprocs, timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
           grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu")
     from pyg_mgpu.train.plots import plot_run

@@ -72,3 +72,27 @@ def test_resume_with_other_settings_is_refused(tmp_path, capsys):
     assert "fanout" in capsys.readouterr().err
     assert main(TINY[:-1] + ["3", "--epochs", "2", "--resume", str(tmp_path)]) == 2
     assert "ranks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_resume_on_other_data_is_refused(tmp_path, capsys):
+    # The same file, rewritten in place with its splits swapped: resuming would mix
+    # the old data's best validation with the new data's test, or leak one split into another.
+    import numpy as np
+
+    from pyg_mgpu.data import SyntheticSpec, make_synthetic
+
+    path = make_synthetic(SyntheticSpec(num_nodes=600, num_edges=6000, num_features=8,
+                                        num_classes=4), seed=0).save_npz(tmp_path / "g.npz")
+    run = ["--dataset", str(path), "--cache-dir", str(tmp_path / "cache"), "--hidden", "16",
+           "--batch-size", "64", "--devices", "cpu", "--nprocs", "2"]
+    assert main(run + ["--epochs", "1", "--out", str(tmp_path / "run")]) == 0
+    assert main(run + ["--epochs", "2", "--resume", str(tmp_path / "run"),
+                       "--out", str(tmp_path / "same")]) == 0  # the same data resumes
+    arrays = dict(np.load(path))
+    arrays["train_idx"], arrays["test_idx"] = arrays["test_idx"], arrays["train_idx"]
+    np.savez(path, **arrays)
+    capsys.readouterr()
+    assert main(run + ["--epochs", "2", "--resume", str(tmp_path / "run"),
+                       "--out", str(tmp_path / "other")]) == 2
+    assert "the checkpoint was trained on other data" in capsys.readouterr().err

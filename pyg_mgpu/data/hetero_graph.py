@@ -75,12 +75,18 @@ class HeteroGraph(TrainingGraph):
         """Feature width per node type."""
         return {t: self.data[t].x.size(-1) for t in self.data.node_types}
 
-    def _tensors(self) -> list[Tensor]:
-        return [v for store in self.data.stores for v in store.values() if isinstance(v, Tensor)]
+    def tensors(self) -> dict[str, Tensor]:
+        """The graph's tensors by name (``paper.x``, ``paper__cites__paper.edge_index``) and its
+        splits; not its CSCs."""
+        named = {f"{'__'.join(store._key) if isinstance(store._key, tuple) else store._key}"
+                 f".{key}": value
+                 for store in self.data.stores if store._key is not None
+                 for key, value in store.items() if isinstance(value, Tensor)}
+        return {**named, **self.splits}
 
     def nbytes(self) -> int:
         """Bytes held by the graph's tensors (its CSCs not counted)."""
-        return sum(t.numel() * t.element_size() for t in self._tensors())
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def share_memory_(self, shm_dir: str = "/dev/shm") -> "HeteroGraph":
         """Builds every edge type's CSC and moves the graph, CSCs and splits to shared memory."""

@@ -24,6 +24,9 @@ class TrainingGraph(Protocol):
     test_idx: Tensor
     num_nodes: int
 
+    def tensors(self) -> dict[str, Tensor]:
+        """Its tensors by name: what a copy of the dataset holds."""
+
     def nbytes(self) -> int:
         """The bytes its tensors hold."""
 

@@ -137,11 +137,13 @@ class StepPosition:
 def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, history: list, best: dict,
                     best_state: dict, sampler, step: Optional[StepPosition] = None,
-                    padded_layout: Optional[tuple] = None) -> None:
+                    padded_layout: Optional[tuple] = None,
+                    data_fingerprint: Optional[str] = None) -> None:
     """Everything ``--resume`` needs to continue exactly, written atomically by rank 0.
 
     ``epoch``: the epochs finished; ``step``: set for a checkpoint taken inside the next epoch;
-    ``padded_layout``: this rank's padded sizes with ``--cuda-graph``.
+    ``padded_layout``: this rank's padded sizes with ``--cuda-graph``; ``data_fingerprint``:
+    the data's (:func:`~pyg_mgpu.data.fingerprint.data_fingerprint`), which a resume checks.
     A collective: every rank's RNG state (each draws its own dropout masks and samples),
     padded layout and, in mid-epoch, its partial sums are gathered.
     """
@@ -157,8 +159,19 @@ def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
                     "config": cfg.to_dict(), "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(), "history": history, "best": best,
                     "best_state": best_state, "rng": [r["rng"] for r in ranks],
-                    "padded_layouts": [r["padded_layout"] for r in ranks]},
+                    "padded_layouts": [r["padded_layout"] for r in ranks],
+                    "data_fingerprint": data_fingerprint},
                    out / CHECKPOINT)
+
+
+def check_same_data(ckpt: dict, data_fingerprint: str, resume: str) -> None:
+    """Refuses to resume on data other than the checkpoint's (checkpoints written before the
+    fingerprint was kept pass)."""
+    saved = ckpt.get("data_fingerprint")
+    if saved is not None and saved != data_fingerprint:
+        raise ValueError(f"--resume {resume}: the checkpoint was trained on other data (the "
+                         "dataset's features, labels, edges or splits differ from when it was "
+                         "written); resume on the same data, or start afresh without --resume.")
 
 
 def describe(ckpt: dict) -> str:

@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from pyg_mgpu.data.fingerprint import data_fingerprint
 from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.process_group import torchrun_process_group
 from pyg_mgpu.sampling.sharding import check_shardable
-from pyg_mgpu.train.checkpoint import save_torch
+from pyg_mgpu.train.checkpoint import check_same_data, save_torch
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.dataset import load_configured
 from pyg_mgpu.train.loop import fewest_and_most
@@ -75,8 +77,9 @@ def check_same_resume(cfg: TrainConfig, ctx: RankContext) -> None:
                          "filesystem).")
 
 
-def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
-    """The entry point under torchrun: same trainer, environment rendezvous."""
+def run_torchrun_rank(cfg: TrainConfig, out: Path, resumed: Optional[dict] = None) -> None:
+    """The entry point under torchrun: same trainer, environment rendezvous. ``resumed``:
+    the checkpoint ``--resume`` names, whose data this run's must be."""
     from pyg_mgpu.train.trainer import run_training
 
     # The pyg recipe is a baseline: its allocator is left as PyG's example runs it.
@@ -87,11 +90,15 @@ def run_torchrun_rank(cfg: TrainConfig, out: Path) -> None:
         start = time.perf_counter()
         graph = load_graph_once_per_node(cfg, ctx)
         check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.training.batch_size)
+        fingerprint = data_fingerprint(graph.tensors())
+        if resumed is not None:
+            check_same_data(resumed, fingerprint, cfg.faults.resume)
         if ctx.is_main:
             print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
                   f"{ctx.device.type}\n{cfg.recipe_summary()}", flush=True)
         run_training(ctx, graph, cfg, str(out),
-                     {"load_time_s": time.perf_counter() - start, "launcher": "torchrun"})
+                     {"load_time_s": time.perf_counter() - start, "launcher": "torchrun",
+                      "data_fingerprint": fingerprint})
     if ctx.is_main:
         from pyg_mgpu.train.plots import plot_run
         plot_run(out)

@@ -98,6 +98,7 @@ class RankData:
     train_loader: NeighborLoader
     evaluator: Evaluator
     feature_cache: Optional[FeatureCache]
+    data_fingerprint: Optional[str] = None  # kept in checkpoints (a resume checks it)
 
 
 def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> RankData:
@@ -158,9 +159,10 @@ class StepCheckpoints:
     """
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, trainee: Trainee,
-                 progress: Progress, out: Path, sampler):
+                 progress: Progress, out: Path, sampler, data_fingerprint: Optional[str] = None):
         self.cfg, self.ctx, self.trainee = cfg, ctx, trainee
         self.progress, self.out, self.sampler = progress, out, sampler
+        self.data_fingerprint = data_fingerprint
         self.agreement = StopAgreement(cfg.faults.checkpoint_every_s, timeout_s=cfg.ranks.timeout_s)
         self.epoch, self.steps, self.start = 0, 0, 0.0
 
@@ -194,7 +196,8 @@ class StepCheckpoints:
         save_checkpoint(self.out, self.ctx, self.cfg, progress.next_epoch - 1, trainee.model,
                         trainee.optimizer, progress.history, progress.best,
                         progress.best_state, self.sampler, step=step,
-                        padded_layout=trainee.graphed and trainee.graphed.layout_state())
+                        padded_layout=trainee.graphed and trainee.graphed.layout_state(),
+                        data_fingerprint=self.data_fingerprint)
         self.agreement.checkpoint_written()
 
     def _stop(self, signum: int, where: str) -> None:
@@ -217,7 +220,8 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
     write a step checkpoint (:class:`StepCheckpoints`).
     """
     timer = StageTimer(ctx.device, sync=cfg.performance.profile)
-    between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler)
+    between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler,
+                              data.data_fingerprint)
     busy = BusyShare(nvml_reader(ctx.device) if ctx.is_main else None)
     trace = (StepTrace(out, cfg.performance.trace_steps, ctx.device)
              if cfg.performance.trace_steps and ctx.is_main else None)
@@ -374,6 +378,7 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
         tqdm.write("--cuda-graph: the ranks run on the CPU, where the padded step runs "
                    "without a CUDA graph")
     data = build_loaders(cfg, graph, ctx)
+    data.data_fingerprint = (run_info or {}).get("data_fingerprint")
     progress = Progress(history=[], best={"val_acc": -1.0, "epoch": 0},
                         best_state=copy.deepcopy(trainee.model.state_dict()))
     if cfg.faults.resume:
