@@ -96,3 +96,19 @@ def test_resume_on_other_data_is_refused(tmp_path, capsys):
     assert main(run + ["--epochs", "2", "--resume", str(tmp_path / "run"),
                        "--out", str(tmp_path / "other")]) == 2
     assert "the checkpoint was trained on other data" in capsys.readouterr().err
+
+
+def test_the_data_fingerprint_sees_labels_splits_shapes_and_dtypes():
+    from pyg_mgpu.data.fingerprint import WHOLE, data_fingerprint
+
+    base = {"y": torch.arange(10), "train_idx": torch.tensor([1, 2]), "x": torch.ones(3, 2)}
+    digest = data_fingerprint(base)
+    assert data_fingerprint({k: v.clone() for k, v in base.items()}) == digest
+    for change in ({"y": torch.arange(10).flip(0)}, {"train_idx": torch.tensor([1, 3])},
+                   {"x": torch.ones(2, 3)}, {"x": torch.ones(3, 2, dtype=torch.bfloat16)},
+                   {"z": torch.ones(1)}):
+        assert data_fingerprint({**base, **change}) != digest, change
+    big = torch.zeros(WHOLE + 1)
+    changed = big.clone()
+    changed[0] = 1  # the first run of a sampled tensor is always read
+    assert data_fingerprint({"big": big}) != data_fingerprint({"big": changed})
