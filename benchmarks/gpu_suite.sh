@@ -31,8 +31,10 @@
 #
 # Each step runs under `timeout`, logs to OUT/<step>.log, and the suite goes on after a
 # failure. OUT/summary.md gets one row per step (exit code, seconds, key numbers from its
-# metrics.json / bench.json); it is rewritten after every step, so a cut-off run keeps what ran.
-# At the end OUT/results.tar.gz bundles every log and JSON/CSV file of OUT.
+# metrics.json / bench.json), and OUT/results.tar.gz bundles every log and JSON/CSV file of OUT
+# (one file, whatever a machine lets come back); both are rewritten after every step, so a
+# cut-off run keeps what ran. SUITE_SYSTEMS="a,b" replaces the products bench's systems (a call
+# with a time limit can run them a few at a time).
 # SUITE_STEPS="name ..." runs only those steps of the part (e.g. the ones a cut-off call did not
 # reach; `resume` needs `graph_gpu` in the same OUT). Overrides: SUITE_DEVICES (default
 # cuda:0), SUITE_NODES/SUITE_EDGES (CLI variants, default 200000/4000000), SUITE_EPOCHS
@@ -121,6 +123,11 @@ for line in (out / "steps.tsv").read_text().splitlines():
 PYEOF
 }
 
+bundle() {  # OUT/results.tar.gz: every log and result file of OUT so far
+  (cd "$OUT" && tar czf results.tar.gz --exclude='*.pt' --exclude='*.png' \
+    --exclude=results.tar.gz -- *) 2>/dev/null
+}
+
 step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs it, records exit code and seconds
   local name=$1 limit=$2; shift 2
   if [ -n "${SUITE_STEPS:-}" ] && [[ " $SUITE_STEPS " != *" $name "* ]]; then return 0; fi
@@ -133,6 +140,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs it, records exit code 
   printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$STEPS"
   echo "   exit $rc after $((SECONDS - start)) s (log: $OUT/$name.log)"
   summarize || echo "   (summary failed)"
+  bundle
 }
 
 train() {  # train NAME TIMEOUT_S FLAGS...: one CLI run on the moderate synthetic graph
@@ -236,6 +244,7 @@ if want full; then
   systems=$systems,pyg_mgpu_bf16
   epochs=2
   [ "$PART" = lean ] || { systems=$systems,pyg_model_native_sampler,pyg_recipe; epochs=3; }
+  systems=${SUITE_SYSTEMS:-$systems}
   step products 600 "$PY" -m pyg_mgpu.bench --devices cuda --nprocs 1 --num-nodes 2400000 \
     --num-edges 62000000 --num-features 100 --num-classes 47 --fanout 15,10,5 \
     --batch-size 1024 --epochs "$epochs" --num-workers 4 --systems "$systems" \
@@ -258,5 +267,4 @@ if want recipe; then
     --systems pyg_mgpu,pyg_recipe --out "$OUT/products_recipe"
 fi
 # Every log, metrics.json, bench.json and GPU usage sample in one file, to copy off the machine.
-[ "$DRY" = 1 ] || { (cd "$OUT" && tar czf results.tar.gz --exclude='*.pt' --exclude='*.png' \
-  --exclude=results.tar.gz -- *) 2>/dev/null; echo; cat "$OUT/summary.md"; }
+[ "$DRY" = 1 ] || { bundle; echo; cat "$OUT/summary.md"; }

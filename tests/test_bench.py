@@ -231,3 +231,12 @@ def test_gpu_suite_refuses_an_unknown_part(tmp_path):
     done = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "fast"], capture_output=True,
                           text=True)
     assert done.returncode == 2 and "part must be" in done.stderr
+
+
+def test_gpu_suite_runs_the_products_systems_it_is_given(tmp_path):
+    done = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "full"], capture_output=True,
+                          text=True, check=True,
+                          env={**os.environ, "DRY_RUN": "1",
+                               "SUITE_SYSTEMS": "pyg_mgpu,pyg_mgpu_cuda_graph"})
+    products = [line for line in done.stdout.splitlines() if line.startswith("== products")]
+    assert len(products) == 1 and "--systems pyg_mgpu,pyg_mgpu_cuda_graph --out" in products[0]
