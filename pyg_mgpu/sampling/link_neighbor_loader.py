@@ -21,10 +21,10 @@ from torch import Tensor
 from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
 from torch_geometric.loader.utils import get_edge_label_index
 
+from pyg_mgpu.sampling.checks import check_edge_label_index
 from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, rank_sampler,
                                                sampler_options, shard_epochs, without_csc)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
-from pyg_mgpu.sampling.checks import check_edge_label_index
 
 
 class LinkNeighborLoader(PyGLinkNeighborLoader):

@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader
 
 from pyg_mgpu.data.csc import drop_cached_csc
 from pyg_mgpu.gpu_path import host_work
-from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.checks import check_input_nodes
+from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
 from pyg_mgpu.sampling.walk_batches import Batches, WalkBatches, check_sample_batches
 
@@ -47,9 +47,12 @@ class EpochBatchSampler:
     def __init__(self, num_items: int, *, seed: int, rank: int, world_size: int,
                  batch_size: int, shuffle: bool = True, batches_per_walk: int = 1,
                  items: str = "input nodes"):
-        self.num_items, self.items = num_items, items
+        self.num_items = num_items
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.batch_size, self.shuffle = batch_size, shuffle
+        # Batches in a whole epoch (``len`` counts those left from ``start_step``); refuses
+        # ``items`` (what the seeds are) that cannot give every rank the same count.
+        self.steps_per_epoch = steps_per_epoch(num_items, world_size, batch_size, items)
         self.batches_per_walk = batches_per_walk
         self.epoch = 0
         self.start_step = 0
@@ -59,11 +62,6 @@ class EpochBatchSampler:
             raise ValueError(f"start_step={start_step} must lie in [0, {self.steps_per_epoch}], "
                              "the batches of one epoch on this rank.")
         self.epoch, self.start_step = epoch, start_step
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Batches in a whole epoch (``len`` counts those left from ``start_step``)."""
-        return steps_per_epoch(self.num_items, self.world_size, self.batch_size, self.items)
 
     def __len__(self) -> int:
         return self.steps_per_epoch - self.start_step
@@ -295,10 +293,8 @@ def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,
                          "batches of near-equal size; drop drop_last=True.")
     batch_size = kwargs.pop("batch_size", 1)
     shuffle = kwargs.pop("shuffle", False)
-    sampler = EpochBatchSampler(num_inputs, seed=seed, rank=rank, world_size=world_size,
-                                batch_size=batch_size, shuffle=shuffle, items=items)
-    steps_per_epoch(num_inputs, world_size, batch_size, items)  # refuses it now, not mid-run
-    return sampler
+    return EpochBatchSampler(num_inputs, seed=seed, rank=rank, world_size=world_size,
+                             batch_size=batch_size, shuffle=shuffle, items=items)
 
 
 def without_csc(batch):
