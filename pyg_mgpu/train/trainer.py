@@ -98,7 +98,6 @@ class RankData:
     train_loader: NeighborLoader
     evaluator: Evaluator
     feature_cache: Optional[FeatureCache]
-    data_fingerprint: Optional[str] = None  # kept in checkpoints (a resume checks it)
 
 
 def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> RankData:
@@ -213,15 +212,15 @@ def _then_trace(after_step, trace: StepTrace, *args) -> None:
 
 
 def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
-        progress: Progress, out: Path) -> Progress:
+        progress: Progress, out: Path, data_fingerprint: Optional[str] = None) -> Progress:
     """Trains the remaining epochs: one epoch, validation, checkpoint, log line each.
 
     Between steps the ranks agree whether to stop (a stop signal reached any of them) or to
-    write a step checkpoint (:class:`StepCheckpoints`).
+    write a step checkpoint (:class:`StepCheckpoints`); checkpoints keep ``data_fingerprint``.
     """
     timer = StageTimer(ctx.device, sync=cfg.performance.profile)
     between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler,
-                              data.data_fingerprint)
+                              data_fingerprint)
     busy = BusyShare(nvml_reader(ctx.device) if ctx.is_main else None)
     trace = (StepTrace(out, cfg.performance.trace_steps, ctx.device)
              if cfg.performance.trace_steps and ctx.is_main else None)
@@ -378,7 +377,6 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
         tqdm.write("--cuda-graph: the ranks run on the CPU, where the padded step runs "
                    "without a CUDA graph")
     data = build_loaders(cfg, graph, ctx)
-    data.data_fingerprint = (run_info or {}).get("data_fingerprint")
     progress = Progress(history=[], best={"val_acc": -1.0, "epoch": 0},
                         best_state=copy.deepcopy(trainee.model.state_dict()))
     if cfg.faults.resume:
@@ -396,7 +394,8 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
                                                 elapsed_s=step["elapsed_s"])
         if ctx.is_main:
             tqdm.write(f"resumed from {cfg.faults.resume}, {describe(ckpt)}")
-    progress = fit(cfg, ctx, trainee, data, progress, out)
+    progress = fit(cfg, ctx, trainee, data, progress, out,
+                   data_fingerprint=(run_info or {}).get("data_fingerprint"))
     results = evaluate_best(cfg, ctx, trainee.model, data, progress)
     if trainee.graphed is not None:
         results["cuda_graph"] = trainee.graphed.summary()
