@@ -30,7 +30,7 @@ def parse_fanout(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--fanout takes comma-separated integers such as 25,10; got {text!r}")
+            f"comma-separated integers such as 25,10 expected, got {text!r}")
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
@@ -38,8 +38,7 @@ def parse_fractions(text: str) -> tuple[float, ...]:
         return tuple(float(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--split-fractions takes three comma-separated shares such as 0.5,0.1,0.2; got "
-            f"{text!r}")
+            f"three comma-separated shares such as 0.5,0.1,0.2 expected, got {text!r}")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -52,6 +51,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad flag in one ``error:`` line, as every other input error is, instead of
+    argparse's whole usage (some forty flags) above it."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n({self.prog} --help lists every flag)\n")
+
+
 def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
                  description: str = _DESCRIPTION,
                  out_help: str = "output folder (default: runs/<timestamp>)",
@@ -60,7 +67,7 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
     Other commands that take the same flags (``python -m pyg_mgpu.compare_dgl``) name
     themselves and their output folder."""
     d = SimpleNamespace(**TrainConfig().flat())  # the defaults, by flag name
-    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_HelpFormatter)
+    p = _Parser(prog=prog, description=description, formatter_class=_HelpFormatter)
 
     data = p.add_argument_group("data")
     data.add_argument("--dataset", default=d.dataset,

@@ -67,15 +67,19 @@ def test_resume_from_a_folder_without_checkpoint(tmp_path, capsys, change, messa
 
 @pytest.mark.slow
 def test_resume_with_other_settings_is_refused(tmp_path, capsys):
-    assert main(TINY + ["--epochs", "1", "--out", str(tmp_path)]) == 0
-    assert main(TINY + ["--epochs", "2", "--fanout", "5,5", "--resume", str(tmp_path)]) == 2
+    assert main(TINY + ["--epochs", "2", "--out", str(tmp_path)]) == 0
+    assert main(TINY + ["--epochs", "3", "--fanout", "5,5", "--resume", str(tmp_path)]) == 2
     assert "fanout" in capsys.readouterr().err
-    assert main(TINY[:-1] + ["3", "--epochs", "2", "--resume", str(tmp_path)]) == 2
+    assert main(TINY[:-1] + ["3", "--epochs", "3", "--resume", str(tmp_path)]) == 2
     assert "ranks" in capsys.readouterr().err
+    # --epochs is the total: fewer than the checkpoint has finished would train nothing.
+    assert main(TINY + ["--epochs", "1", "--resume", str(tmp_path)]) == 2
+    assert "has finished 2 epochs, more than --epochs 1; pass --epochs 2 or more" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_resume_on_other_data_is_refused(tmp_path, capsys):
+def test_resume_on_other_data_is_refused(tmp_path, capsys, monkeypatch):
     # The same file, rewritten in place with its splits swapped: resuming would mix
     # the old data's best validation with the new data's test, or leak one split into another.
     import numpy as np
@@ -89,6 +93,14 @@ def test_resume_on_other_data_is_refused(tmp_path, capsys):
     assert main(run + ["--epochs", "1", "--out", str(tmp_path / "run")]) == 0
     assert main(run + ["--epochs", "2", "--resume", str(tmp_path / "run"),
                        "--out", str(tmp_path / "same")]) == 0  # the same data resumes
+    # ... also named by another path, or moved: the fingerprint, not the text, decides.
+    monkeypatch.chdir(tmp_path)
+    assert main(run[:1] + ["g.npz"] + run[2:] + ["--epochs", "2", "--resume", "run",
+                                                "--out", "relative"]) == 0
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "moved" / "g.npz").write_bytes(path.read_bytes())
+    assert main(run[:1] + ["moved/g.npz"] + run[2:] + ["--epochs", "2", "--resume", "run",
+                                                      "--out", "moved_run"]) == 0
     arrays = dict(np.load(path))
     arrays["train_idx"], arrays["test_idx"] = arrays["test_idx"], arrays["train_idx"]
     np.savez(path, **arrays)

@@ -36,6 +36,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--fanout", "5,x"], "argument --fanout: comma-separated integers such as 25,10 expected"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--model", "mlp"], "argument --model: invalid choice: 'mlp'"),
+])
+def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and "usage:" not in err
+    assert err.splitlines()[-1] == "(python -m pyg_mgpu.distributed_sampling --help lists every flag)"
+
+
 def test_unwritable_out_is_reported(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -350,8 +350,11 @@ NAN_X[3, 1] = np.nan
     ({"train_idx": np.array([0.0, 1.0])}, "train_idx must hold integer node ids"),
     ({"num_classes": np.array([2, 2])}, "num_classes must be one integer"),
     ({"x": np.zeros((5, 2), np.float32)}, "features x have 5 rows but labels y have 6"),
+    ({"y": np.array([0, 1, 0, 1, 0, 9]), "num_classes": None},
+     "only 3 distinct labels occur, so 7 of 10 classes would have no node"),
 ], ids=["missing-key", "x-shape", "label-range", "nan-feature", "empty-split", "overlap",
-        "split-range", "edge-range", "float-index", "num-classes", "rows-disagree"])
+        "split-range", "edge-range", "float-index", "num-classes", "rows-disagree",
+        "stray-label"])
 def test_bad_npz_is_rejected(tmp_path, change, problem):
     arrays = {**good_arrays(), **change}
     path = tmp_path / "bad.npz"
@@ -359,6 +362,15 @@ def test_bad_npz_is_rejected(tmp_path, change, problem):
     with pytest.raises(DatasetError) as info:
         load_graph(str(path))
     assert str(path) in str(info.value) and problem in str(info.value)
+
+
+def test_empty_classes_load_when_the_file_says_how_many_there_are(tmp_path):
+    arrays = {**good_arrays(), "y": np.array([0, 1, 0, 1, 0, 9])}
+    np.savez(tmp_path / "g.npz", **{**arrays, "num_classes": np.int64(10)})
+    assert load_graph(str(tmp_path / "g.npz")).num_classes == 10
+    del arrays["num_classes"]
+    np.savez(tmp_path / "g.npz", **{**arrays, "y": np.array([0, 2, 0, 2, 0, 2])})
+    assert load_graph(str(tmp_path / "g.npz")).num_classes == 3  # one empty class of three
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "absent"])

@@ -232,6 +232,16 @@ def test_crash_while_writing_leaves_no_cache_that_looks_complete(tmp_path, monke
     assert "converted and wrote" in lines[-1]
 
 
+def test_an_unwritable_cache_is_an_error_where_the_run_was_to_map_its_files(tmp_path):
+    path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=5))
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache folder should be")
+    with pytest.raises(OSError, match="--features-on mmap.*writable"):
+        load_graph(str(path), cache_dir=cache, placement="mmap")
+    assert load_graph(str(path), cache_dir=cache, placement="tensors").num_edges == \
+        SMALL.num_edges  # other placements go on without the cache
+
+
 @pytest.mark.slow
 def test_mapped_graph_reaches_another_process_as_its_files(tmp_path):
     path = write_npz(tmp_path / "g.npz", make_synthetic(SMALL, seed=6))

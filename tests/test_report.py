@@ -88,6 +88,16 @@ def test_table_has_one_column_per_run_and_dashes_for_missing_keys():
     assert [c.strip() for c in test_row.split("|")[2:4]] == ["0.5000", "-"]
 
 
+def test_table_names_each_runs_model_and_sampling_settings():
+    runs = {"gcn": {"epochs": [], "config": {"model": "gcn", "fanout": [15, 10], "batch_size": 512}},
+            "dgl": {"epochs": [], "config": {"fanout": [25, 10], "batch_size": 1024}}}
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+            for line in format_table(runs).splitlines()[2:]}
+    assert rows["model"] == ["gcn", "-"]
+    assert rows["fanout"] == ["15,10", "25,10"]
+    assert rows["batch size"] == ["512", "1024"]
+
+
 NO_FOLDER = object()
 
 

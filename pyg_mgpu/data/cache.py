@@ -259,7 +259,12 @@ def load_cached(folder: Path, identity: dict, sources: Callable[[], Iterable[Pat
         key = source_key(identity, sources())
         try:
             save_store(converted, folder, key)
-        except OSError as error:  # a full or read-only disk costs the cache, not the run
+        except OSError as error:  # a full or read-only disk costs the cache, not the run ...
+            if placement == "mmap":  # ... unless the run was to map the cache's files
+                raise OSError(f"could not write the graph cache {folder} ({error.strerror}), "
+                              "whose files the mmap placement (--features-on mmap) maps: "
+                              "give it a writable folder with free space (cache_dir, "
+                              "--cache-dir).") from error
             log(f"graph cache: could not write {folder} ({error.strerror}); continuing "
                 "without it")
             return converted

@@ -7,7 +7,7 @@ import dataclasses
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -107,6 +107,20 @@ def load_ogb(name: str, root: Path) -> ConvertedGraph:
     )
 
 
+def _check_label_gaps(y: torch.Tensor, error: Callable[[str], DatasetError]) -> None:
+    """Refuses labels whose classes are mostly empty: with the class count taken as the largest
+    label + 1, one stray label (99 among 0..3) would silently train a 100-way classifier."""
+    labels = y[y >= 0]
+    if labels.numel() == 0:
+        return
+    count, present = int(labels.max()) + 1, int(torch.unique(labels).numel())
+    if present * 2 < count:
+        raise error(f"labels y run up to {count - 1}, but only {present} distinct labels occur, "
+                    f"so {count - present} of {count} classes would have no node; fix the stray "
+                    f"labels, or store the class count in the file (num_classes={count}) if "
+                    "those classes are meant to be empty")
+
+
 def load_npz(path: Path) -> ConvertedGraph:
     """Reads a ``.npz`` graph without loading its edge list whole: the conversion streams
     ``edge_index`` from the file and the features go straight into their final float32 tensor,
@@ -138,6 +152,8 @@ def load_npz(path: Path) -> ConvertedGraph:
             if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):
                 raise error(f"num_classes must be one integer, got {num_classes!r}")
             num_classes = int(num_classes)
+        else:
+            _check_label_gaps(small["y"], error)
         # Named by the full path, validation messages say which file is wrong.
         store = ConvertedGraph.from_edge_chunks(str(path), edges.edge_chunks(), x, small["y"],
                                             *(small[k] for k in SPLITS),

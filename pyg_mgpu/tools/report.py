@@ -21,9 +21,21 @@ def _fmt(spec: str) -> Callable[[object], str]:
     return lambda v: spec.format(v) if isinstance(v, (int, float)) else str(v)
 
 
+def _setting(name: str) -> Callable[[dict], object]:
+    """A run's setting from its metrics' ``config`` (None where the run did not record it)."""
+    return lambda metrics: (metrics.get("config") or {}).get(name)
+
+
+def _joined(values) -> str:
+    return ",".join(map(str, values)) if isinstance(values, (list, tuple)) else str(values)
+
+
 # (row label, metrics key or function of the metrics, formatter)
 TABLE_ROWS: tuple = (
     ("dataset", "dataset", str),
+    ("model", _setting("model"), str),
+    ("fanout", _setting("fanout"), _joined),
+    ("batch size", _setting("batch_size"), str),
     ("world size", "world_size", str),
     ("device", "device", str),
     ("sampler", "sampler", str),

@@ -84,14 +84,33 @@ def check_resumable(cfg, world_size: int) -> dict:
         now, before = settings[key], saved.get(key, defaults[key])
         if isinstance(now, tuple):  # fanout, split_fractions: lists once saved
             now, before = list(now), list(before)
-        if before != now:
+        if before != now and not (key == "dataset" and _same_file(now, before, ckpt)):
             raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint was trained with "
                              f"{key}={before!r} but this run asks for {now!r}; use the "
                              "same settings.")
+    if cfg.training.epochs < ckpt["epoch"]:
+        raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint has finished "
+                         f"{ckpt['epoch']} epochs, more than --epochs {cfg.training.epochs}; "
+                         f"pass --epochs {ckpt['epoch']} or more (the total, not the epochs to "
+                         "add).")
     if ckpt["world_size"] != world_size:
         raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint has {ckpt['world_size']} "
                          f"ranks but this run starts {world_size}; resume with the same count.")
     return ckpt
+
+
+def _same_file(now: str, before: str, ckpt: dict) -> bool:
+    """Whether ``--dataset`` names the checkpoint's data file by another path: the same file
+    (``r.npz`` and ``/data/r.npz``), or a file moved or copied since, which the data fingerprint
+    then compares by content (in the ranks, once they have loaded it)."""
+    if not Path(now).is_file():
+        return False  # a dataset's name, which must match as written
+    if ckpt.get("data_fingerprint") is not None:
+        return True
+    try:
+        return os.path.samefile(now, before)
+    except OSError:  # the checkpoint's path no longer exists (or names no file)
+        return False
 
 
 def rng_state(sampler, device: torch.device, sampler_state=None) -> dict:
