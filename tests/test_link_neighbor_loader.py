@@ -102,6 +102,25 @@ def test_each_rank_draws_its_own_negatives_and_repeats_them():
     assert not torch.equal(zero, negatives(0, seed=8))
 
 
+@pytest.mark.parametrize("mode", ["binary", "triplet"])
+def test_each_worker_draws_its_own_negatives_in_every_epoch(mode):
+    data = graph()
+    loader = pyg_mgpu.LinkNeighborLoader(data, [2], batch_size=100,
+                                         neg_sampling=dict(mode=mode, amount=2), shuffle=True,
+                                         distributed=True, rank=0, world_size=1, num_workers=2)
+
+    def first_negatives(epoch_):
+        loader.set_epoch(epoch_)
+        # Batches 0 and 1 are each worker's first: drawn before a worker had drawn anything.
+        return [(b.n_id[b.dst_neg_index] if mode == "triplet" else
+                 b.n_id[b.edge_label_index[:, b.edge_label == 0]]).sort().values
+                for b, _ in zip(loader, range(2))]
+
+    (a0, a1), (b0, _) = first_negatives(0), first_negatives(1)
+    assert not torch.equal(a0, a1), "two workers drew the same negatives"
+    assert not torch.equal(a0, b0), "an epoch repeated the one before's negatives"
+
+
 def test_heterogeneous_seed_edges_are_sharded_too():
     data = HeteroData()
     data["user"].x = torch.randn(30, 4)
@@ -141,12 +160,20 @@ def test_seed_edges_outside_the_graph_are_named_when_the_loader_is_built():
                         (torch.tensor([[0, 1, 2]]), "has shape (1, 3)")):
         with pytest.raises(ValueError, match=re.escape(f"edge_label_index {says}")):
             pyg_mgpu.LinkNeighborLoader(data, [2], edge_label_index=index, batch_size=4)
+    for name in ("edge_label", "edge_label_time"):
+        with pytest.raises(ValueError, match=f"{name} has 5 entries, but there are 6 seed edges"):
+            pyg_mgpu.LinkNeighborLoader(data, [2], edge_label_index=data.edge_index[:, :6],
+                                        batch_size=4, **{name: torch.ones(5)})
     hetero = HeteroData()
     hetero["a"].x, hetero["b"].x = torch.arange(5), torch.arange(3)
     hetero["a", "to", "b"].edge_index = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(ValueError, match=r"of type \('a', 'to', 'b'\) \(destinations\)"):
         pyg_mgpu.LinkNeighborLoader(hetero, [2], batch_size=2, edge_label_index=(
             ("a", "to", "b"), torch.tensor([[0], [3]])))
+    with pytest.raises(ValueError, match=r"edge type \('a', 'to', 'c'\), but the graph has no "
+                                         r"node type 'c'; its node types are \['a', 'b'\]"):
+        pyg_mgpu.LinkNeighborLoader(hetero, [2], batch_size=2, edge_label_index=(
+            ("a", "to", "c"), torch.tensor([[0], [1]])))
 
 
 def test_too_few_seed_edges_for_the_ranks_are_named_so():

@@ -587,6 +587,21 @@ def test_bad_seeds_and_fanouts_are_named_when_the_loader_is_built(kwargs, error,
     assert says in str(raised.value)
 
 
+def test_heterogeneous_seeds_name_their_node_type():
+    data = HeteroData()
+    data["paper"].x, data["author"].x = torch.randn(6, 2), torch.randn(4, 2)
+    data["author", "writes", "paper"].edge_index = torch.tensor([[0, 1, 3], [2, 5, 0]])
+    with pytest.raises(ValueError, match=r"a tensor without its node type\. The graph's node "
+                                         r"types are \['paper', 'author'\]"):
+        NeighborLoader(data, [2], input_nodes=torch.arange(3), batch_size=2)
+    with pytest.raises(ValueError, match=r"input_nodes names node type 'papers', but the graph "
+                                         r"has no node type 'papers'"):
+        NeighborLoader(data, [2], input_nodes=("papers", torch.arange(3)), batch_size=2)
+    batch = next(iter(NeighborLoader(data, [2], input_nodes=("paper", torch.arange(3)),
+                                     batch_size=3)))
+    assert batch["paper"].batch_size == 3
+
+
 def test_too_few_input_nodes_for_the_ranks_are_refused_when_the_loader_is_built():
     with pytest.raises(ValueError, match="at least one of 2 input nodes; shard them over at "
                                          "most 2 ranks"):

@@ -1,5 +1,6 @@
 """Checks of what a user hands a loader, when it is built: the seeds (``input_nodes``,
-``edge_label_index``) against the graph, and ``num_neighbors``.
+``edge_label_index``) against the graph, the seed edges' labels and times, and
+``num_neighbors``.
 
 PyG's loaders take them unchecked: a node id outside the graph fails mid-epoch with an
 ``IndexError`` that names no argument, a mask shorter than the node count trains on part of
@@ -25,9 +26,12 @@ def check_input_nodes(data, input_nodes) -> None:
     elif (isinstance(data, HeteroData) and isinstance(input_nodes, (tuple, list))
           and len(input_nodes) == 2 and isinstance(input_nodes[0], str)):
         node_type, nodes = input_nodes
-        if node_type not in data.node_types:
-            return
+        _check_node_types(data, [node_type], f"input_nodes names node type {node_type!r}")
         num_nodes, name = data[node_type].num_nodes, f"input_nodes of type {node_type!r}"
+    elif isinstance(data, HeteroData) and isinstance(input_nodes, Tensor):
+        raise ValueError("input_nodes of a HeteroData is (node_type, ids or mask), or a node "
+                         "type alone for all its nodes; got a tensor without its node type. "
+                         f"The graph's node types are {data.node_types}.")
     else:
         return
     if nodes is None or num_nodes is None:
@@ -54,8 +58,8 @@ def check_edge_label_index(data, edge_label_index) -> None:
           and len(edge_label_index) == 2 and isinstance(edge_label_index[0], tuple)):
         edge_type, index = edge_label_index
         edge_type = data._to_canonical(edge_type)
-        if edge_type[0] not in data.node_types or edge_type[-1] not in data.node_types:
-            return
+        _check_node_types(data, [edge_type[0], edge_type[-1]],
+                          f"edge_label_index names edge type {edge_type}")
         num_src, num_dst = data[edge_type[0]].num_nodes, data[edge_type[-1]].num_nodes
         name = f"edge_label_index of type {edge_type}"
     else:
@@ -67,6 +71,20 @@ def check_edge_label_index(data, edge_label_index) -> None:
                          "a row of source ids over a row of destination ids.")
     _check_ids(index[0], num_src, f"{name} (sources)")
     _check_ids(index[1], num_dst, f"{name} (destinations)")
+
+
+def check_per_seed_edge(num_seed_edges, **values) -> None:
+    """``edge_label`` and ``edge_label_time``: one entry per seed edge (``num_seed_edges()``,
+    the columns of ``edge_label_index``), or None."""
+    given = {name: v for name, v in values.items() if isinstance(v, Tensor) and v.dim() > 0}
+    if not given:
+        return
+    count = num_seed_edges()
+    for name, value in given.items():
+        if value.size(0) != count:
+            raise ValueError(f"{name} has {value.size(0)} entries, but there are {count} seed "
+                             "edges (the columns of edge_label_index): it takes one per seed "
+                             "edge.")
 
 
 def check_num_neighbors(num_neighbors, hetero: bool) -> None:
@@ -90,6 +108,13 @@ def check_num_neighbors(num_neighbors, hetero: bool) -> None:
                            for k in counts)):
             raise TypeError(f"num_neighbors takes integer counts of neighbours, one per hop "
                             f"(-1 for all), e.g. [25, 10]; got {counts!r}.")
+
+
+def _check_node_types(data: HeteroData, node_types: list, what: str) -> None:
+    unknown = sorted({t for t in node_types if t not in data.node_types})
+    if unknown:
+        raise ValueError(f"{what}, but the graph has no node type {', '.join(map(repr, unknown))}; "
+                         f"its node types are {data.node_types}.")
 
 
 def _check_ids(ids: Tensor, num_nodes: int, name: str) -> None:

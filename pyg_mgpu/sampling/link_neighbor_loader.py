@@ -21,7 +21,7 @@ from torch import Tensor
 from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
 from torch_geometric.loader.utils import get_edge_label_index
 
-from pyg_mgpu.sampling.checks import check_edge_label_index
+from pyg_mgpu.sampling.checks import check_edge_label_index, check_per_seed_edge
 from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, rank_sampler,
                                                sampler_options, shard_epochs, without_csc)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
@@ -67,9 +67,13 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
                  *, distributed: bool = False, rank: Optional[int] = None,
                  world_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
         check_edge_label_index(data, edge_label_index)
+
+        def num_seed_edges() -> int:
+            return get_edge_label_index(data, edge_label_index)[1].size(1)
+        check_per_seed_edge(num_seed_edges, edge_label=edge_label, edge_label_time=edge_label_time)
         self.epoch_sampler: Optional[EpochBatchSampler]
         self.epoch_sampler, rank, seed = shard_epochs(
-            kwargs, lambda: get_edge_label_index(data, edge_label_index)[1].size(1),
+            kwargs, num_seed_edges,
             distributed=distributed, rank=rank, world_size=world_size, seed=seed,
             items="seed edges")
         if neighbor_sampler is None:

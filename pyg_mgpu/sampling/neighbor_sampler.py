@@ -221,6 +221,7 @@ class NeighborSampler(PyGNeighborSampler):
         seed (for identical model weights) still draw independent negatives, and a run
         repeats them."""
         start = time.perf_counter()
+        self._reseed_in_worker()  # before the negatives' seed is drawn from the generator
         if neg_sampling is None or not self.negatives_from_generator:
             out = super().sample_from_edges(inputs, neg_sampling)
         else:
