@@ -141,6 +141,28 @@ def test_sigterm_to_the_group_with_loader_workers_still_checkpoints(tmp_path):
     assert_stopped_in_epoch_2(read_checkpoint(run))
 
 
+def test_a_hangup_to_the_group_stops_with_one_line(tmp_path):
+    # The terminal closed: SIGHUP reaches every process of the job, multiprocessing's resource
+    # tracker included, whose death made each rank print a warning and a traceback.
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    job = start(CLI + ARGS + ["--out", str(run)], log)
+    try:
+        wait_for_output(job, log, "epoch 2:", timeout_s=120)
+        members = group_members(job.pid)
+        os.killpg(job.pid, signal.SIGHUP)
+        code = wait_for_exit(job, "SIGHUP", timeout_s=60)
+        assert wait_until_gone(members, timeout_s=10) == [], "processes outlived the stop"
+    finally:
+        kill_group(job.pid)
+        job.wait()
+    text = log.read_text(errors="replace")
+    assert code == 128 + signal.SIGHUP, text[-3000:]
+    assert "Traceback" not in text and "Warning" not in text, text[-3000:]
+    errors = error_lines(log)
+    assert len(errors) == 1 and "stopped by SIGHUP" in errors[0], text[-3000:]
+    assert_stopped_in_epoch_2(read_checkpoint(run))
+
+
 def test_nohup_keeps_the_job_through_a_hangup(tmp_path):
     run, log = tmp_path / "run", tmp_path / "log.txt"
     with log.open("w") as err:

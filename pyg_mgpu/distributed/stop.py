@@ -121,6 +121,21 @@ def handled_signals() -> tuple:
                          signal.getsignal(signum) == signal.SIG_IGN))
 
 
+def start_resource_tracker_deaf_to_hangups() -> None:
+    """Starts multiprocessing's resource tracker, which every spawned rank shares, with SIGHUP
+    blocked. It ignores SIGINT and SIGTERM itself, but a SIGHUP to the job's process group (a
+    closed terminal) killed it, and each rank relaunched its own with a warning and a
+    ``KeyError`` traceback before the job's one ``error:`` line. A signal mask survives exec, and
+    a SIGHUP that reaches this process meanwhile waits, blocked, rather than being lost."""
+    from multiprocessing import resource_tracker
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()  # a no-op if it runs already
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S,
                           launcher_pid: Optional[int] = None) -> None:
     """Makes this process a rank that stops on SIGTERM, SIGINT and SIGHUP, and on the death
