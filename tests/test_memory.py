@@ -183,3 +183,20 @@ def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, expected):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("error: ") and expected in err
+
+
+@pytest.mark.parametrize("program, code", [("true", 0), ("false", 1)])
+def test_a_command_that_ends_before_the_first_sample_is_reported(tmp_path, capsys, monkeypatch,
+                                                                 program, code):
+    monkeypatch.setattr(memory, "tree_pss", lambda pid: {})  # gone before it was sampled
+    out = tmp_path / "m.json"
+    assert main(["--out", str(out), "--", program]) == code
+    assert "before its first sample: nothing measured" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["num_processes"] == 0 and report["exit_code"] == code
+
+
+def test_help_is_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0 and "--interval" in capsys.readouterr().out

@@ -247,6 +247,10 @@ def _split_text(parts: dict[str, float]) -> str:
 
 
 def _print_summary(report: dict) -> None:
+    if report["num_processes"] == 0:
+        print(f"memory: the command ended within {report['duration_s']:.2f}s, before its first "
+              f"sample: nothing measured; exit code {report['exit_code']}")
+        return
     print(f"memory: peak total PSS {_split_text(report['split_at_total_peak']).strip()} at "
           f"{report['peak_at_s']:.1f}s over {report['num_processes']} process(es), "
           f"{report['samples']} samples; exit code {report['exit_code']}")
@@ -270,6 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if "--" not in argv or argv.index("--") == len(argv) - 1:
+        parser.parse_args(argv[:-1] if argv[-1:] == ["--"] else argv)  # --help, a bad flag
         parser.print_usage(sys.stderr)
         print("error: no command to measure; put it after --, e.g. "
               "python -m pyg_mgpu.memory -- python -m pyg_mgpu.distributed_sampling --out DIR",
