@@ -255,7 +255,8 @@ def make_out_dir(out: Optional[str]) -> Path:
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks; returns the output folder."""
     from pyg_mgpu.data.fingerprint import data_fingerprint
-    from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable, check_same_data
+    from pyg_mgpu.train.checkpoint import (CHECKPOINT, check_resumable,
+                                           check_resume_names_a_folder, check_same_data)
     from pyg_mgpu.train.dataset import load_configured
     from pyg_mgpu.distributed.devices import launched_by_torchrun, resolve_devices
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
@@ -264,6 +265,7 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.sampling.sharding import check_shardable
 
     resolve_sampler(cfg.training.sampler)
+    check_resume_names_a_folder(cfg.faults.resume)
     out = make_out_dir(cfg.outputs.out or cfg.faults.resume)
     if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
         cfg.faults.resume = cfg.outputs.out if (out / CHECKPOINT).is_file() else None
@@ -272,8 +274,9 @@ def run(cfg: TrainConfig) -> Path:
         warnings.simplefilter("always")
         devices = None if torchrun else resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs,
                                                         cfg.ranks.backend)
-    for notice in notices:
-        print(f"warning: {notice.message}", file=sys.stderr)
+    ignored = cfg.ignored_flags(devices[0].type if devices else "cuda")
+    for notice in [str(n.message) for n in notices] + ignored:
+        print(f"warning: {notice}", file=sys.stderr)
     resumed = (check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
                if cfg.faults.resume else None)
     if torchrun:

@@ -63,6 +63,9 @@ def test_resume_from_a_folder_without_checkpoint(tmp_path, capsys, change, messa
     assert main(TINY + ["--resume", str(tmp_path / "checkpoint.pt"), "--out",
                         str(tmp_path / "next")] + change) == 2
     assert f"pass its folder, --resume {tmp_path}" in capsys.readouterr().err
+    # ... also without --out, where the file was taken for the output folder to write into.
+    assert main(TINY + ["--resume", str(tmp_path / "checkpoint.pt")] + change) == 2
+    assert f"pass its folder, --resume {tmp_path}" in capsys.readouterr().err
 
 
 @pytest.mark.slow

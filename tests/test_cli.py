@@ -22,6 +22,7 @@ TINY_TEST_NODES = 300  # the default split: a fifth of the nodes
     (["--batch-size", "-4"], "--batch-size must be a positive integer"),
     (["--dropout", "1.5"], "--dropout"),
     (["--dataset", "no-such-data"], "no-such-data"),
+    (["--dataset", "synthetic_hetero"], "or a heterogeneous one: ogbn-mag, synthetic-hetero"),
     (["--devices", "cuda:0,1"] if not torch.cuda.is_available() else ["--devices", "cuda:99"],
      "--devices"),
     (["--devices", "cpu", "--nprocs", "0"], "--nprocs"),
@@ -48,6 +49,17 @@ def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(argv, message, 
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and "usage:" not in err
     assert err.splitlines()[-1] == "(python -m pyg_mgpu.distributed_sampling --help lists every flag)"
+
+
+def test_flags_that_do_nothing_here_are_named():
+    from pyg_mgpu.train.config import TrainConfig
+
+    cfg = TrainConfig.from_flags(graph_on="host", feature_cache_gb=1.0, heads=4)
+    on_cpu = cfg.ignored_flags("cpu")
+    assert [line.split()[0] for line in on_cpu] == ["--heads", "--graph-on", "--feature-cache-gb"]
+    assert cfg.ignored_flags("cuda") == on_cpu[:1]
+    assert TrainConfig.from_flags(model="gat", heads=4).ignored_flags("cpu") == []
+    assert TrainConfig.from_flags().ignored_flags("cpu") == []  # defaults are never named
 
 
 def test_unwritable_out_is_reported(tmp_path, capsys):

@@ -131,7 +131,8 @@ def load_graph(
                                f"{name.lower()}).")
         if key is None:
             raise DatasetError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}, "
-                               "or a path ending in .npz.")
+                               "a path ending in .npz, or a heterogeneous one: "
+                               f"{', '.join(HETERO_DATASETS)}.")
     spec = synthetic or SyntheticSpec()
 
     def build() -> ConvertedGraph:

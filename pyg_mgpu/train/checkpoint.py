@@ -58,18 +58,25 @@ def save_text(text: str, path: Path) -> Path:
 CHECKPOINT = "checkpoint.pt"
 
 
+def check_resume_names_a_folder(resume: Optional[str]) -> None:
+    """``--resume`` takes the run's folder: one naming the checkpoint file itself is refused
+    before that file is mistaken for the run's output folder."""
+    if resume and Path(resume).is_file():
+        raise ValueError(f"--resume {resume}: a file; pass its folder, --resume "
+                         f"{Path(resume).parent}.")
+
+
 def check_resumable(cfg, world_size: int) -> dict:
     """Loads ``--resume``'s checkpoint and rejects one that belongs to a different run.
 
     Raises:
         ValueError: naming the missing file or the first setting that differs.
     """
+    check_resume_names_a_folder(cfg.faults.resume)
     path = Path(cfg.faults.resume) / CHECKPOINT
     if not path.is_file():
-        folder = Path(cfg.faults.resume)
-        hint = (f"pass its folder, --resume {folder.parent}" if folder.is_file() else
-                "pass the --out folder of a run that finished at least one epoch")
-        raise ValueError(f"--resume {cfg.faults.resume}: no {CHECKPOINT} there; {hint}.")
+        raise ValueError(f"--resume {cfg.faults.resume}: no {CHECKPOINT} there; pass the --out "
+                         "folder of a run that finished at least one epoch.")
     try:
         # mmap: the check reads the config, not the weights (each rank loads those itself).
         # To host memory: a GPU run's checkpoint must not open a CUDA context (or fail) here.

@@ -348,6 +348,21 @@ class TrainConfig:
             raise ConfigError("--resume auto continues from --out's checkpoint when there is "
                               "one; give --out (the folder every restart of the job shares).")
 
+    def ignored_flags(self, device_type: str) -> list[str]:
+        """Flags given that do nothing for this run: one sentence each, for a warning line."""
+        ignored = []
+        if self.model.recipe_sources.get("heads") == "flag" and self.model.model != "gat":
+            ignored.append(f"--heads is for --model gat; --model {self.model.model} ignores it.")
+        if device_type == "cpu":
+            p = self.performance
+            if p.graph_on in ("gpu", "host"):
+                ignored.append(f"--graph-on {p.graph_on} places the graph for GPU ranks; these "
+                               "ranks run on the CPU, sampling from the shared host copy.")
+            if p.feature_cache_gb is not None:
+                ignored.append("--feature-cache-gb caches feature rows on the GPU; these ranks "
+                               "run on the CPU and ignore it.")
+        return ignored
+
     @property
     def is_hetero(self) -> bool:
         return self.data.is_hetero
