@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON, GRAPH_PLACES,
                                    INFERENCE_MODES, MODEL_RECIPES, MODELS, NORMS, RECIPES,
                                    SAMPLERS, ConfigError, TrainConfig, in_flags)
@@ -41,24 +42,6 @@ def parse_fractions(text: str) -> tuple[float, ...]:
             f"three comma-separated shares such as 0.5,0.1,0.2 expected, got {text!r}")
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends ``(default: ...)`` to a flag's help, unless its help names the default itself or
-    the default is None (unset)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or "default" in (action.help or "").lower():
-            return action.help
-        return super()._get_help_string(action)
-
-
-class _Parser(argparse.ArgumentParser):
-    """Reports a bad flag in one ``error:`` line, as every other input error is, instead of
-    argparse's whole usage (some forty flags) above it."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message}\n({self.prog} --help lists every flag)\n")
-
-
 def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
                  description: str = _DESCRIPTION,
                  out_help: str = "output folder (default: runs/<timestamp>)",
@@ -67,7 +50,7 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
     Other commands that take the same flags (``python -m pyg_mgpu.compare_dgl``) name
     themselves and their output folder."""
     d = SimpleNamespace(**TrainConfig().flat())  # the defaults, by flag name
-    p = _Parser(prog=prog, description=description, formatter_class=_HelpFormatter)
+    p = Parser(prog=prog, description=description)
 
     data = p.add_argument_group("data")
     data.add_argument("--dataset", default=d.dataset,

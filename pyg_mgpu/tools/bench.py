@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.distributed.devices import resolve_devices
+from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 from pyg_mgpu.tools.sampler_bench import run_sampler_bench, synthetic_graph
 from pyg_mgpu.tools.step_costs import count_steps, format_step_costs
@@ -75,21 +76,23 @@ SYSTEM_FLAGS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pyg_mgpu.bench", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--num-nodes", type=int, default=100_000)
-    p.add_argument("--num-edges", type=int, default=2_000_000)
-    p.add_argument("--num-features", type=int, default=128)
-    p.add_argument("--num-classes", type=int, default=32)
-    p.add_argument("--fanout", default="25,10")
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--devices", default="cpu")
+    p = Parser(prog="python -m pyg_mgpu.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--num-nodes", type=int, default=100_000,
+                   help="nodes of the synthetic graph every system trains on")
+    p.add_argument("--num-edges", type=int, default=2_000_000, help="its edges")
+    p.add_argument("--num-features", type=int, default=128, help="its feature width")
+    p.add_argument("--num-classes", type=int, default=32, help="its label classes")
+    p.add_argument("--fanout", default="25,10", help="neighbours sampled per hop, e.g. 15,10,5")
+    p.add_argument("--batch-size", type=int, default=1024, help="seed nodes per batch")
+    p.add_argument("--hidden", type=int, default=256, help="the model's hidden width")
+    p.add_argument("--devices", default="cpu",
+                   help="cpu, cuda or cuda:0,1 (as the training command's --devices)")
     p.add_argument("--nprocs", type=int, default=None,
                    help="ranks per system (default: 2 on CPU, every visible GPU on CUDA)")
     p.add_argument("--epochs", type=int, default=3,
                    help="epochs per system; the first is a warm-up when there are several")
-    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="DataLoader worker processes per rank")
     p.add_argument("--systems", default="pyg_mgpu,pyg_model_native_sampler,pyg_recipe,dgl",
                    help=f"comma-separated, from {', '.join(SYSTEMS)}; unavailable ones are "
                         "reported as skipped")
@@ -113,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler-device", choices=["cpu", "cuda"], default="cpu",
                    help="--sampler-only: where the graph and seeds live and sampling runs; cuda "
                         "times with torch.cuda.synchronize and skips the worker and PyG lines")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the graph and the runs")
     p.add_argument("--out", default=None, help="folder for bench.json and each system's run")
     return p
 

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import psutil
 
+from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.train.checkpoint import save_json
 
 MB = 2 ** 20  # MB here means MiB, as in metrics.json's peak_mem_mb
@@ -228,7 +229,7 @@ def dataset_bytes_of(run_dir: Path, since: float) -> Optional[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m pyg_mgpu.memory",
         usage="%(prog)s [--interval S] [--out FILE.json] -- COMMAND [ARG ...]",
         description="Run COMMAND and report the peak total PSS of it and all its descendants.")

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 from matplotlib.figure import Figure
 
+from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.train.checkpoint import save_text
 from pyg_mgpu.train.plots import RunError, epoch_axis, load_metrics, save_figure, series
 
@@ -94,7 +95,7 @@ def _labels(run_dirs: Sequence[Path]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m pyg_mgpu.report",
         description="Compare training runs: print a table, write report.md and report.png.")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
