@@ -117,7 +117,11 @@ def _stacked_bars(ax, epochs: list[int], parts: dict[str, list[float]]) -> None:
         ax.bar(epochs, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values)]
     epoch_axis(ax, epochs)
-    ax.legend()
+    # The legend in rows of 3 above the tallest bar, in headroom made for it, not over the bars.
+    rows = -(-len(parts) // 3)
+    if max(bottom, default=0.0) > 0:
+        ax.set_ylim(0, max(bottom) * (1.1 + 0.1 * rows))
+    ax.legend(ncol=min(3, len(parts)), loc="upper center", fontsize="x-small")
 
 
 def epoch_axis(ax, epochs: list[int]) -> None:
