@@ -109,7 +109,7 @@ def check_resumable(cfg, world_size: int) -> dict:
 def _same_file(now: str, before: str, ckpt: dict) -> bool:
     """Whether ``--dataset`` names the checkpoint's data file by another path: the same file
     (``r.npz`` and ``/data/r.npz``), or a file moved or copied since, which the data fingerprint
-    then compares by content (in the ranks, once they have loaded it)."""
+    then compares by content once the data is loaded."""
     if not Path(now).is_file():
         return False  # a dataset's name, which must match as written
     if ckpt.get("data_fingerprint") is not None:
