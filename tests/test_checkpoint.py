@@ -77,8 +77,20 @@ def test_resume_with_other_settings_is_refused(tmp_path, capsys):
     assert "ranks" in capsys.readouterr().err
     # --epochs is the total: fewer than the checkpoint has finished would train nothing.
     assert main(TINY + ["--epochs", "1", "--resume", str(tmp_path)]) == 2
-    assert "has finished 2 epochs, more than --epochs 1; pass --epochs 2 or more" in \
+    assert "the checkpoint is after epoch 2, beyond --epochs 1; pass --epochs 2 or more" in \
         capsys.readouterr().err
+
+
+def test_resume_counts_the_epoch_a_step_checkpoint_stopped_in(tmp_path):
+    from pyg_mgpu.train.checkpoint import check_resumable
+    from pyg_mgpu.train.config import TrainConfig
+
+    torch.save({"config": TrainConfig().to_dict(), "world_size": 2, "epoch": 2,
+                "step": {"epoch": 3, "done": 40}}, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="is epoch 3, 40 steps in, beyond --epochs 2; pass "
+                                         "--epochs 3 or more"):
+        check_resumable(TrainConfig.from_flags(epochs=2, resume=str(tmp_path)), 2)
+    assert check_resumable(TrainConfig.from_flags(epochs=3, resume=str(tmp_path)), 2)["epoch"] == 2
 
 
 @pytest.mark.slow
@@ -127,3 +139,14 @@ def test_the_data_fingerprint_sees_labels_splits_shapes_and_dtypes():
     changed = big.clone()
     changed[0] = 1  # the first run of a sampled tensor is always read
     assert data_fingerprint({"big": big}) != data_fingerprint({"big": changed})
+
+
+def test_resume_auto_is_not_taken_for_a_file_of_that_name(tmp_path, monkeypatch):
+    from pyg_mgpu.train.checkpoint import check_resume_names_a_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "auto").write_text("")
+    check_resume_names_a_folder("auto")
+    (tmp_path / "checkpoint.pt").write_text("")
+    with pytest.raises(ValueError, match=r"a file; pass its folder, --resume \.$"):
+        check_resume_names_a_folder("checkpoint.pt")

@@ -352,9 +352,10 @@ NAN_X[3, 1] = np.nan
     ({"x": np.zeros((5, 2), np.float32)}, "features x have 5 rows but labels y have 6"),
     ({"y": np.array([0, 1, 0, 1, 0, 9]), "num_classes": None},
      "only 3 distinct labels occur, so 7 of 10 classes would have no node"),
+    ({"y": np.array([0, 0.5, 100.5, 1, 0, 1]), "num_classes": None}, "fractional values"),
 ], ids=["missing-key", "x-shape", "label-range", "nan-feature", "empty-split", "overlap",
         "split-range", "edge-range", "float-index", "num-classes", "rows-disagree",
-        "stray-label"])
+        "stray-label", "fractional-label"])
 def test_bad_npz_is_rejected(tmp_path, change, problem):
     arrays = {**good_arrays(), **change}
     path = tmp_path / "bad.npz"

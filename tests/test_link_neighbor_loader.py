@@ -121,6 +121,24 @@ def test_each_worker_draws_its_own_negatives_in_every_epoch(mode):
     assert not torch.equal(a0, b0), "an epoch repeated the one before's negatives"
 
 
+def test_ranks_seeded_alike_draw_their_own_negatives_in_workers():
+    data = graph()
+
+    def first_negatives(rank, seed=7):
+        torch.manual_seed(0)  # as every rank does, for equal initial weights
+        loader = pyg_mgpu.LinkNeighborLoader(data, [2], batch_size=100, neg_sampling_ratio=1.0,
+                                             distributed=True, rank=rank, world_size=2,
+                                             seed=seed, num_workers=1)
+        loader.set_epoch(0)
+        batch = next(iter(loader))
+        return batch.n_id[batch.edge_label_index[:, batch.edge_label == 0]]
+
+    zero = first_negatives(0)
+    assert not torch.equal(zero, first_negatives(1)), "two ranks drew the same negatives"
+    assert not torch.equal(zero, first_negatives(0, seed=8)), "seed= was not used"
+    assert torch.equal(zero, first_negatives(0)), "the same seeds must repeat them"
+
+
 def test_heterogeneous_seed_edges_are_sharded_too():
     data = HeteroData()
     data["user"].x = torch.randn(30, 4)

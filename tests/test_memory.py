@@ -173,6 +173,7 @@ def test_stale_metrics_from_an_earlier_run_are_ignored(tmp_path):
 
 @pytest.mark.parametrize("argv, expected", [
     ([], "no command to measure"),
+    (["python", "-c", "print(1)"], "put it after --"),  # the -- forgotten
     (["--interval", "0.1", "--"], "no command to measure"),
     (["--interval", "0", "--", "true"], "--interval must be > 0"),
     (["--", "/no/such/program"], "cannot run '/no/such/program'"),

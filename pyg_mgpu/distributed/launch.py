@@ -81,8 +81,8 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     thp_before = os.environ.get("THP_MEM_ALLOC_ENABLE")
     os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
-        stop.start_resource_tracker_deaf_to_hangups()
         with LauncherSignals(grace_s) as signals:
+            stop.start_resource_tracker_deaf_to_hangups()
             context = mp.start_processes(
                 _rank_entry, args=(fn, list(devices), init_method, timeout_s, report_dir,
                                    tune_allocator, args, backend, grace_s, os.getpid()),

@@ -374,11 +374,12 @@ class NeighborSampler(PyGNeighborSampler):
     def _reseed_in_worker(self) -> None:
         # Every DataLoader worker starts from a copy of this sampler, generator state included:
         # unseeded, all workers would replay one random stream on their different batches. Each
-        # takes the seed DataLoader derives for it instead (reproducible from the loader's
-        # generator), once.
+        # takes, once, the seed DataLoader derives for it (new each epoch, reproducible from the
+        # loader's generator) mixed with this sampler's own: DataLoader draws its seeds from
+        # torch's global state by default, which ranks seed alike for equal weights.
         info = torch.utils.data.get_worker_info()
         if info is not None and self._seeded_for_worker != info.id:
-            self.generator.manual_seed(info.seed)
+            self.generator.manual_seed((info.seed ^ self.generator.initial_seed()) % 2**63)
             self._seeded_for_worker = info.id
 
 

@@ -275,7 +275,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        parser.parse_args(argv[:-1] if argv[-1:] == ["--"] else argv)  # --help, a bad flag
+        if "-h" in argv or "--help" in argv:
+            parser.parse_args(["--help"])
         parser.print_usage(sys.stderr)
         print("error: no command to measure; put it after --, e.g. "
               "python -m pyg_mgpu.memory -- python -m pyg_mgpu.distributed_sampling --out DIR",

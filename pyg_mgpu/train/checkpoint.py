@@ -61,9 +61,9 @@ CHECKPOINT = "checkpoint.pt"
 def check_resume_names_a_folder(resume: Optional[str]) -> None:
     """``--resume`` takes the run's folder: one naming the checkpoint file itself is refused
     before that file is mistaken for the run's output folder."""
-    if resume and Path(resume).is_file():
+    if resume and resume != "auto" and Path(resume).is_file():
         raise ValueError(f"--resume {resume}: a file; pass its folder, --resume "
-                         f"{Path(resume).parent}.")
+                         f"{Path(resume).parent}")
 
 
 def check_resumable(cfg, world_size: int) -> dict:
@@ -95,11 +95,12 @@ def check_resumable(cfg, world_size: int) -> dict:
             raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint was trained with "
                              f"{key}={before!r} but this run asks for {now!r}; use the "
                              "same settings.")
-    if cfg.training.epochs < ckpt["epoch"]:
-        raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint has finished "
-                         f"{ckpt['epoch']} epochs, more than --epochs {cfg.training.epochs}; "
-                         f"pass --epochs {ckpt['epoch']} or more (the total, not the epochs to "
-                         "add).")
+    # The epochs to run include the one a mid-epoch checkpoint stopped in.
+    reached = ckpt["step"]["epoch"] if ckpt.get("step") else ckpt["epoch"]
+    if cfg.training.epochs < reached:
+        raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint is {describe(ckpt)}, "
+                         f"beyond --epochs {cfg.training.epochs}; pass --epochs {reached} or "
+                         "more (the total, not the epochs to add).")
     if ckpt["world_size"] != world_size:
         raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint has {ckpt['world_size']} "
                          f"ranks but this run starts {world_size}; resume with the same count.")
