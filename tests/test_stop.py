@@ -145,7 +145,14 @@ def test_a_hangup_to_the_group_stops_with_one_line(tmp_path):
     # The terminal closed: SIGHUP reaches every process of the job, multiprocessing's resource
     # tracker included, whose death made each rank print a warning and a traceback.
     run, log = tmp_path / "run", tmp_path / "log.txt"
-    job = start(CLI + ARGS + ["--epochs", "100", "--out", str(run)], log)  # not done first
+
+    def from_a_terminal():  # SIGHUP handled, even where these tests run under nohup
+        ignore_sigint()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    with log.open("w") as err:
+        job = subprocess.Popen(CLI + ARGS + ["--epochs", "100", "--out", str(run)], stdout=err,
+                               stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                               preexec_fn=from_a_terminal)
     try:
         wait_for_output(job, log, "epoch 2:", timeout_s=120)
         members = group_members(job.pid)
