@@ -4,7 +4,7 @@ import torch
 
 import pyg_mgpu.distributed.launch as launch
 from pyg_mgpu.distributed.context import RankContext
-from pyg_mgpu.distributed.devices import resolve_backend, resolve_devices
+from pyg_mgpu.distributed.devices import resolve_backend, resolve_devices, torchrun_device
 from pyg_mgpu.distributed.launch import spawn
 from pyg_mgpu.distributed_sampling import build_parser, main
 from pyg_mgpu.train.config import ConfigError, TrainConfig
@@ -20,6 +20,24 @@ def one_gpu(monkeypatch):
     """CUDA as resolve_devices sees it on a one-GPU machine (nothing runs on it)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+def test_a_torchrun_rank_takes_its_device_from_devices(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert torchrun_device("auto", 1) == torchrun_device("cpu", 1) == cpu
+    with pytest.raises(ValueError, match="asks for GPUs but CUDA sees none"):
+        torchrun_device("cuda", 0)  # once, it ran on the CPU without a word
+    with pytest.raises(ValueError, match="must be auto, cpu, cuda"):
+        torchrun_device("bogus", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert torchrun_device("auto", 1) == torchrun_device("cuda", 1) == torch.device("cuda", 1)
+    assert torchrun_device("cuda:2,3", 1) == torch.device("cuda", 3)  # once, cuda:1
+    with pytest.raises(ValueError, match="names 2 GPU\\(s\\), but torchrun started local rank 2"):
+        torchrun_device("cuda:2,3", 2)
+    assert torchrun_device("cpu", 3) == cpu
 
 
 def test_auto_is_nccl_on_gpus_and_gloo_on_cpus():

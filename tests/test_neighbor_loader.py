@@ -577,6 +577,8 @@ def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():
     ({"num_neighbors": 10}, TypeError, "num_neighbors takes integer counts"),
     ({"num_neighbors": [10.5, 5]}, TypeError, "got [10.5, 5]"),
     ({"num_neighbors": {("a", "to", "b"): [2]}}, ValueError, "the graph is homogeneous"),
+    ({"num_neighbors": torch.ones(200, dtype=torch.bool)}, TypeError,
+     "a node mask: the seeds go in input_nodes"),  # NeighborLoader(data, mask, [10, 10])
 ])
 def test_bad_seeds_and_fanouts_are_named_when_the_loader_is_built(kwargs, error, says):
     # PyG's loader takes them and fails mid-epoch (an anonymous IndexError), or trains on
@@ -600,6 +602,24 @@ def test_heterogeneous_seeds_name_their_node_type():
     batch = next(iter(NeighborLoader(data, [2], input_nodes=("paper", torch.arange(3)),
                                      batch_size=3)))
     assert batch["paper"].batch_size == 3
+
+
+def test_a_long_bad_argument_is_shown_short():
+    with pytest.raises(TypeError) as raised:
+        NeighborLoader(random_graph(), [0.5] * 100_000, batch_size=8)
+    assert len(str(raised.value)) < 300
+
+
+def test_set_epoch_takes_integers_and_integer_tensors():
+    loader = NeighborLoader(random_graph(), [2], batch_size=8, distributed=True, rank=0,
+                            world_size=2)
+    loader.set_epoch(torch.tensor(3))  # as restored from a checkpoint
+    by_tensor = [b.n_id[:b.batch_size] for b in loader]
+    loader.set_epoch(3)
+    assert all(torch.equal(a, b.n_id[:b.batch_size]) for a, b in zip(by_tensor, loader))
+    for bad in ("1", 1.5):
+        with pytest.raises(TypeError, match="set_epoch takes the epoch as an integer"):
+            loader.set_epoch(bad)
 
 
 def test_too_few_input_nodes_for_the_ranks_are_refused_when_the_loader_is_built():

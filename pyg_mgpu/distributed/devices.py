@@ -94,3 +94,22 @@ def resolve_devices(devices: str, nprocs: int | None,
         raise ArgumentError(f"{{nprocs={nprocs}}} disagrees with {{devices={devices}}} "
                             f"({len(ids)} GPU(s)); drop {{nprocs}} or list {nprocs} GPUs.")
     return [torch.device("cuda", i) for i in ids]
+
+
+def torchrun_device(devices: str, local_rank: int, backend: str = "auto") -> torch.device:
+    """A torchrun rank's device, from the ``devices`` a spawned job would take: ``auto``, GPU
+    ``local_rank`` where CUDA is available, else the CPU; ``cpu``; ``cuda``, GPU
+    ``local_rank``; ``cuda:2,3``, the ``local_rank``-th GPU listed. Checked as for a spawned
+    job (torchrun decides the rank count, so ``nprocs`` plays no part)."""
+    spec = devices.strip().lower()
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        resolve_backend(backend, torch.device("cpu"))
+        return torch.device("cpu")
+    listed = resolve_devices(devices, None, backend)
+    if local_rank >= len(listed):
+        raise ArgumentError(f"{{devices={devices}}} names {len(listed)} GPU(s), but torchrun "
+                            f"started local rank {local_rank}: name one GPU per rank on each "
+                            "machine (torchrun's --nproc-per-node).")
+    return listed[local_rank]

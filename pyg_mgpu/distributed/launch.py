@@ -147,9 +147,11 @@ def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",
     example below).
 
     Run under ``torchrun`` (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set), this process
-    is one rank of that job: ``fn`` runs here, on GPU ``LOCAL_RANK`` unless ``devices`` is
-    ``"cpu"`` or no GPU is visible, ``nprocs`` is ignored (torchrun decides), and an
-    exception from ``fn`` propagates as it is (torchrun then ends the other ranks).
+    is one rank of that job: ``fn`` runs here, on the device ``devices`` gives local rank
+    ``LOCAL_RANK`` (by default GPU ``LOCAL_RANK``, or the CPU where no GPU is visible; see
+    :func:`~pyg_mgpu.distributed.devices.torchrun_device`), ``nprocs`` is ignored (torchrun
+    decides), and an exception from ``fn`` propagates as it is (torchrun then ends the other
+    ranks).
 
     Otherwise the ranks are new processes, so ``fn`` must be importable (defined at module
     level of a file, not typed into an interactive session). Before they start, every

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from pyg_mgpu.distributed import stop
 from pyg_mgpu.distributed.context import RankContext
-from pyg_mgpu.distributed.devices import resolve_backend
+from pyg_mgpu.distributed.devices import resolve_backend, torchrun_device
 from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
 from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S
 
@@ -69,16 +69,15 @@ def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_
                            grace_s: float = stop.DEFAULT_GRACE_S) -> Iterator[RankContext]:
     """Joins the ``torchrun`` job as the rank its environment names, for the body.
 
-    The rank runs on GPU ``LOCAL_RANK`` when CUDA is available and ``devices`` is not ``cpu``,
-    else on the CPU. Like a spawned rank, it gets its share of the machine's cores as torch
+    The rank's device comes from ``devices`` (:func:`~pyg_mgpu.distributed.devices.torchrun_device`):
+    GPU ``LOCAL_RANK`` by default where CUDA is available, else the CPU. Like a spawned rank, it gets its share of the machine's cores as torch
     threads (``LOCAL_WORLD_SIZE`` ranks per machine), with ``tune_allocator`` the allocator
     settings of :func:`tune_cpu_allocator`, and the stop-signal handling of
     :mod:`pyg_mgpu.distributed.stop` (torchrun forwards SIGTERM to its workers).
     """
     stop.install_rank_handlers(grace_s)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    use_cuda = torch.cuda.is_available() and devices.strip().lower() != "cpu"
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    device = torchrun_device(devices, local_rank, backend)
     if tune_allocator:
         tune_cpu_allocator()
     set_thread_budget(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))

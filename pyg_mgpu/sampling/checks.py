@@ -10,6 +10,7 @@ wrong and how. What is valid passes unchanged, so the batches are PyG's.
 from __future__ import annotations
 
 import numbers
+import reprlib
 from typing import Optional
 
 import torch
@@ -101,13 +102,17 @@ def check_num_neighbors(num_neighbors, hetero: bool) -> None:
     else:
         per_hop = [num_neighbors]
     for counts in per_hop:
+        if isinstance(counts, Tensor) and counts.dtype == torch.bool:
+            raise TypeError(f"num_neighbors is a bool tensor of {counts.numel()} entries, a "
+                            "node mask: the seeds go in input_nodes, after num_neighbors "
+                            "(NeighborLoader(data, [25, 10], input_nodes=mask)).")
         if isinstance(counts, Tensor):
             counts = counts.tolist() if counts.dim() == 1 else None
         if (not isinstance(counts, (list, tuple))
                 or not all(isinstance(k, numbers.Integral) and not isinstance(k, bool)
                            for k in counts)):
             raise TypeError(f"num_neighbors takes integer counts of neighbours, one per hop "
-                            f"(-1 for all), e.g. [25, 10]; got {counts!r}.")
+                            f"(-1 for all), e.g. [25, 10]; got {reprlib.repr(counts)}.")
 
 
 def _check_node_types(data: HeteroData, node_types: list, what: str) -> None:

@@ -13,6 +13,7 @@ ran out); every input node is seen exactly once per epoch across ranks, none dro
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -58,6 +59,11 @@ class EpochBatchSampler:
         self.start_step = 0
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        try:  # an int, or an int-like such as a 0-d integer tensor restored from a checkpoint
+            epoch, start_step = operator.index(epoch), operator.index(start_step)
+        except TypeError:
+            raise TypeError(f"set_epoch takes the epoch as an integer (and start_step as one), "
+                            f"got {epoch!r}, {start_step!r}.") from None
         if not 0 <= start_step <= self.steps_per_epoch:
             raise ValueError(f"start_step={start_step} must lie in [0, {self.steps_per_epoch}], "
                              "the batches of one epoch on this rank.")
