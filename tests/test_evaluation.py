@@ -32,6 +32,18 @@ def test_accuracy_counts_only_the_seed_rows():
     assert model.training, "the model's mode was not restored"
 
 
+def test_accuracy_says_what_it_cannot_score():
+    data = Data(x=torch.randn(6, 4), edge_index=torch.tensor([[1, 2, 3], [0, 0, 1]]))
+    loader = NeighborLoader(data, [-1], batch_size=3)
+    two_classes = GraphSAGE(4, 8, num_layers=1, out_channels=2)
+    with pytest.raises(ValueError, match="has no y; attach the labels"):
+        accuracy(two_classes, loader, sum_over_ranks=False)
+    data.y = torch.tensor([0, 1, 0, 1, 0, 1])
+    with pytest.raises(ValueError, match=r"got logits \(3, 1\) and labels \(3,\)"):
+        accuracy(GraphSAGE(4, 8, num_layers=1, out_channels=1), loader, sum_over_ranks=False)
+    assert 0 <= accuracy(two_classes, loader, sum_over_ranks=False) <= 1
+
+
 @pytest.mark.slow
 def test_unequal_shards_reduce_to_the_exact_accuracy():
     result = torch.full((2, 3), float("nan"), dtype=torch.float64)

@@ -106,6 +106,20 @@ def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, **kwargs) -> 
     return out if out.size(0) == seeds.batch_size else out[:seeds.batch_size]
 
 
+def _check_classification(logits: Tensor, seeds) -> None:
+    """accuracy compares single-label class predictions: say what else it was given."""
+    labels = getattr(seeds, "y", None)
+    if labels is None:
+        raise ValueError("accuracy compares the model's predictions with the batches' labels, "
+                         "but the loader's graph has no y; attach the labels (data.y).")
+    labels = labels[:seeds.batch_size]
+    if logits.dim() != 2 or logits.size(-1) < 2 or labels.dim() != 1:
+        raise ValueError(f"accuracy takes one class per node: logits [seeds, classes >= 2] and "
+                         f"labels [seeds]; got logits {tuple(logits.shape)} and labels "
+                         f"{tuple(labels.shape)} (for a binary logit or multi-label targets, "
+                         "count the hits and pass them to global_ratio).")
+
+
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
              device: Optional[torch.device] = None, sum_over_ranks: bool = True,
@@ -160,6 +174,7 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
             batch = batch.to(device)
             seeds = seed_store(batch)
             logits = forward(model, batch)
+            _check_classification(logits, seeds)
             # Summed on the device: one host read at the end, not one per batch.
             correct += (logits.argmax(dim=-1) == seeds.y[:seeds.batch_size]).sum()
             total += seeds.batch_size
