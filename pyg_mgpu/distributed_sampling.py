@@ -241,7 +241,8 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.train.checkpoint import (CHECKPOINT, check_resumable,
                                            check_resume_names_a_folder, check_same_data)
     from pyg_mgpu.train.dataset import load_configured
-    from pyg_mgpu.distributed.devices import launched_by_torchrun, resolve_devices
+    from pyg_mgpu.distributed.devices import (launched_by_torchrun, resolve_devices,
+                                              torchrun_device)
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
     from pyg_mgpu.distributed.launch import spawn
     from pyg_mgpu.train.loaders import resolve_sampler
@@ -255,11 +256,12 @@ def run(cfg: TrainConfig) -> Path:
     torchrun = launched_by_torchrun()
     with warnings.catch_warnings(record=True) as notices:  # one line each, as errors are
         warnings.simplefilter("always")
-        devices = None if torchrun else resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs,
-                                                        cfg.ranks.backend)
-    ignored = cfg.ignored_flags(devices[0].type if devices else "cuda")
-    for notice in [str(n.message) for n in notices] + ignored:
-        print(f"warning: {notice}", file=sys.stderr)
+        devices = ([torchrun_device(cfg.ranks.devices, int(os.environ.get("LOCAL_RANK", 0)),
+                                    cfg.ranks.backend)] if torchrun else
+                   resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs, cfg.ranks.backend))
+    if int(os.environ.get("RANK", 0)) == 0:  # a torchrun job's ranks would each say it
+        for notice in [str(n.message) for n in notices] + cfg.ignored_flags(devices[0].type):
+            print(f"warning: {notice}", file=sys.stderr)
     resumed = (check_resumable(cfg, int(os.environ["WORLD_SIZE"]) if torchrun else len(devices))
                if cfg.faults.resume else None)
     if torchrun:
