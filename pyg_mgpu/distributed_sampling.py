@@ -244,7 +244,7 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.distributed.devices import (launched_by_torchrun, resolve_devices,
                                               torchrun_device)
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
-    from pyg_mgpu.distributed.launch import spawn
+    from pyg_mgpu.distributed.launch import launch_local
     from pyg_mgpu.train.loaders import resolve_sampler
     from pyg_mgpu.sampling.sharding import check_shardable
 
@@ -281,11 +281,13 @@ def run(cfg: TrainConfig) -> Path:
           f"{cfg.recipe_summary()}", flush=True)
     release_free_heap()
     from pyg_mgpu.train.trainer import run_training
+    # On the ranks resolved above (spawn would resolve them again); the graph is shared already.
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
-    spawn(run_training, args=(graph, cfg, str(out), {"load_time_s": load_s,
-                                                      "data_fingerprint": fingerprint}),
-          devices=cfg.ranks.devices, nprocs=cfg.ranks.nprocs, timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
-          grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu")
+    launch_local(run_training, devices,
+                 args=(graph, cfg, str(out), {"load_time_s": load_s,
+                                              "data_fingerprint": fingerprint}),
+                 timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
+                 grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu")
     from pyg_mgpu.train.plots import plot_run
     plot_run(out)
     return out

@@ -39,9 +39,6 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-_WARNED: set = set()
-
-
 def resolve_devices(devices: str, nprocs: int | None,
                     backend: str = "auto") -> list[torch.device]:
     """Turns ``devices``/``nprocs`` into one device per rank.
@@ -63,8 +60,7 @@ def resolve_devices(devices: str, nprocs: int | None,
         ranks = nprocs or 2
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else os.cpu_count() or 1
-        if ranks > cores and (ranks, cores) not in _WARNED:
-            _WARNED.add((ranks, cores))  # once: the CLI resolves the ranks, then spawn again
+        if ranks > cores:
             warnings.warn(f"{ranks} CPU ranks on {cores} core(s): each rank is a process with "
                           "a runtime of its own, so ranks beyond the cores only take turns, "
                           f"and take memory; up to {cores} train as fast.", stacklevel=2)
