@@ -69,11 +69,13 @@ def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_
                            grace_s: float = stop.DEFAULT_GRACE_S) -> Iterator[RankContext]:
     """Joins the ``torchrun`` job as the rank its environment names, for the body.
 
-    The rank's device comes from ``devices`` (:func:`~pyg_mgpu.distributed.devices.torchrun_device`):
-    GPU ``LOCAL_RANK`` by default where CUDA is available, else the CPU. Like a spawned rank, it gets its share of the machine's cores as torch
-    threads (``LOCAL_WORLD_SIZE`` ranks per machine), with ``tune_allocator`` the allocator
-    settings of :func:`tune_cpu_allocator`, and the stop-signal handling of
-    :mod:`pyg_mgpu.distributed.stop` (torchrun forwards SIGTERM to its workers).
+    The rank's device comes from ``devices``
+    (:func:`~pyg_mgpu.distributed.devices.torchrun_device`): GPU ``LOCAL_RANK`` by default
+    where CUDA is available, else the CPU. Like a spawned rank, it gets its share of the
+    machine's cores as torch threads (``LOCAL_WORLD_SIZE`` ranks per machine), with
+    ``tune_allocator`` the allocator settings of :func:`tune_cpu_allocator`, and the
+    stop-signal handling of :mod:`pyg_mgpu.distributed.stop` (torchrun forwards SIGTERM to its
+    workers).
     """
     stop.install_rank_handlers(grace_s)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

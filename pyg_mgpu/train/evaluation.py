@@ -106,8 +106,9 @@ def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, **kwargs) -> 
     return out if out.size(0) == seeds.batch_size else out[:seeds.batch_size]
 
 
-def _check_classification(logits: Tensor, seeds) -> None:
-    """accuracy compares single-label class predictions: say what else it was given."""
+def _seed_labels(logits: Tensor, seeds) -> Tensor:
+    """The seeds' labels, for single-label class predictions ``logits``; says what else
+    accuracy was given."""
     labels = getattr(seeds, "y", None)
     if labels is None:
         raise ValueError("accuracy compares the model's predictions with the batches' labels, "
@@ -118,6 +119,7 @@ def _check_classification(logits: Tensor, seeds) -> None:
                          f"labels [seeds]; got logits {tuple(logits.shape)} and labels "
                          f"{tuple(labels.shape)} (for a binary logit or multi-label targets, "
                          "count the hits and pass them to global_ratio).")
+    return labels
 
 
 @torch.no_grad()
@@ -174,9 +176,8 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
             batch = batch.to(device)
             seeds = seed_store(batch)
             logits = forward(model, batch)
-            _check_classification(logits, seeds)
             # Summed on the device: one host read at the end, not one per batch.
-            correct += (logits.argmax(dim=-1) == seeds.y[:seeds.batch_size]).sum()
+            correct += (logits.argmax(dim=-1) == _seed_labels(logits, seeds)).sum()
             total += seeds.batch_size
     return global_ratio(correct, total, sum_over_ranks=sum_over_ranks)
 
