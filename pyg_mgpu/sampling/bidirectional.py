@@ -170,7 +170,8 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
         self.backward_sampler.num_neighbors = self.num_neighbors
         return SamplerOutput(
             node=torch.cat(nodes).to(index_dtype), row=torch.cat(rows).to(index_dtype),
-            col=torch.cat(cols).to(index_dtype), edge=torch.cat(edges).to(index_dtype),
+            col=torch.cat(cols).to(index_dtype),
+            edge=torch.cat(edges).to(self.forward_sampler.edge_dtype),
             batch=torch.cat(batches).to(index_dtype), num_sampled_nodes=num_sampled_nodes,
             num_sampled_edges=num_sampled_edges)
 

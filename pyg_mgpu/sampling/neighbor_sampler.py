@@ -39,6 +39,7 @@ from pyg_mgpu.gpu_path import host_work, iota, takes_gpu_path, to_device
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
 from pyg_mgpu.sampling.batches import BatchCounts, split_batches
 from pyg_mgpu.sampling.checks import check_num_neighbors
+from pyg_mgpu.sampling.numbering import max_batches_per_walk
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
 from pyg_mgpu.sampling.walk import plan_on_host, walk
 
@@ -135,7 +136,7 @@ class NeighborSampler(PyGNeighborSampler):
             # name the graph's edge types, and are kept under the walked (reversed) ones.
             self.to_backward_edge_type = {et: walked
                                           for walked, et in self.graph.original.items()}
-            self.index_dtype = torch.long
+            self.index_dtype = self.edge_dtype = torch.long
         else:
             if self.data_type == DataType.remote:
                 self.node_types = self.edge_types = [None]
@@ -146,10 +147,13 @@ class NeighborSampler(PyGNeighborSampler):
             self.colptr, self.row, self.perm = self.csc.colptr, self.graph.row[EDGE], \
                 self.graph.perm[EDGE]
             self.weights = self.graph.weights[EDGE]
-            # Outputs are int32 for an int32 edge_index, as PyG's are.
+            # Outputs are int32 for an int32 edge_index, as PyG's are; edge ids (CSC positions,
+            # mapped to the caller's ids later) only where the edge count fits too.
             self.index_dtype = (torch.int32 if self.data_type == DataType.homogeneous
                                 and data.get("edge_index") is not None
                                 and data.edge_index.dtype == torch.int32 else torch.long)
+            self.edge_dtype = (self.index_dtype if self.csc.num_edges <= _INT32_MAX
+                               else torch.long)
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.fanouts  # checks the edge types and hop counts
         self.replace = replace
@@ -268,12 +272,18 @@ class NeighborSampler(PyGNeighborSampler):
         nodes numbered apart from the other batches', so a node two batches reach is in
         both), for the walk's kernels and host reads once instead of once per batch
         (:mod:`.batches`). The draws differ from separate calls': the generator is shared.
+        Joint batches are walked at most :func:`~.numbering.max_batches_per_walk` at a time
+        (8 on a graph of 134M nodes, 4 on one of 244M), which bounds the walk's lookup.
         Homogeneous graphs, without temporal sampling or ``subgraph_type="induced"``.
         """
         if not self.samples_batches_together:
             raise NotImplementedError("sample_batches samples homogeneous graphs, without "
                                       "time_attr or subgraph_type='induced'; call sample for "
                                       "each batch instead.")
+        most = len(seeds) if self.disjoint else max_batches_per_walk(self.num_nodes)
+        if len(seeds) > most:  # each joint batch needs its own copy of the walk's lookup
+            return [batch for start in range(0, len(seeds), most)
+                    for batch in self.sample_batches(seeds[start:start + most])]
         start = time.perf_counter()
         self._reseed_in_worker()
         first_hop = None
@@ -349,10 +359,12 @@ class NeighborSampler(PyGNeighborSampler):
 
     def _in_index_dtype(self, out: SamplerOutput) -> SamplerOutput:
         if self.index_dtype != torch.long:  # PyG's outputs take the graph's index type
-            for name in ("node", "row", "col", "edge", "batch"):
+            for name in ("node", "row", "col", "batch"):
                 value = getattr(out, name)
                 if value is not None:
                     setattr(out, name, value.to(self.index_dtype))
+            if out.edge is not None:
+                out.edge = out.edge.to(self.edge_dtype)
         return out
 
     def _tree_times(self, seed: dict, seed_time: Optional[dict]) -> Tensor:
@@ -383,6 +395,7 @@ class NeighborSampler(PyGNeighborSampler):
             self._seeded_for_worker = info.id
 
 
+_INT32_MAX = torch.iinfo(torch.int32).max
 _INPUT_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a HeteroData "
                 "or a (FeatureStore, GraphStore) pair; got something else.")
 _SEEDS_ERROR = ("this sampler was built on a homogeneous graph: its seeds are one tensor of "

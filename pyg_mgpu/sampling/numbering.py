@@ -35,6 +35,20 @@ def lookup_type(num_nodes: int) -> torch.dtype:
     return torch.int32 if num_nodes < 2**30 else torch.int64
 
 
+LOOKUP_ENTRIES = 2**30
+"""The most entries a walk's lookup array may have (4 GiB of int32), unless one copy needs
+more: :func:`max_batches_per_walk`."""
+
+
+def max_batches_per_walk(num_nodes: int) -> int:
+    """The most joint batches one walk numbers together over ``num_nodes`` nodes: each needs
+    its own copy of the lookup (:class:`BatchIds`), so ``copies * num_nodes`` stays below
+    :data:`LOOKUP_ENTRIES`, where entries are int32 and so are the keys ``batch * num_nodes +
+    node``. At least 1: a graph of 2**30 nodes or more walks one batch at a time, over an
+    int64 lookup of its own size."""
+    return max(1, (LOOKUP_ENTRIES - 1) // max(1, num_nodes))
+
+
 def first_occurrences(nbr: Tensor, lookup: Tensor, num_ids: int) -> Tensor:
     """Distinct nodes of ``nbr`` not yet in ``lookup``, in order of first appearance.
 

@@ -67,7 +67,7 @@ class SamplingGraph:
         # first hop is planned there from seeds on the host (NeighborSampler.first_hop).
         self.host_colptr = {walked: c.colptr if not c.colptr.is_cuda else c.host_colptr
                             for walked, c in self.csc.items()}
-        self.lookups: dict = {}  # (node type, copies) -> scratch; per process, never pickled
+        self.lookups: dict = {}  # node type -> scratch; per process, never pickled
 
     @property
     def device(self) -> torch.device:
@@ -81,14 +81,19 @@ class SamplingGraph:
     def lookup(self, node_type, copies: int = 1) -> Tensor:
         """The node type's scratch array for :class:`~.numbering.JointIds` (``copies`` of it
         end to end for :class:`~.numbering.BatchIds`): global id -> local id, every entry
-        unseen between batches."""
-        lookup = self.lookups.get((node_type, copies))
-        if lookup is None or lookup.device != self.device:
-            size = self.num_nodes[node_type] * copies
+        unseen between batches.
+
+        One array per node type, sized for the most copies asked for so far: fewer copies (an
+        epoch's last, shorter walk; a one-batch walk) are its first entries, never a second
+        array. :func:`~.numbering.batches_per_walk` bounds the copies a walk asks for."""
+        size = self.num_nodes[node_type] * copies
+        lookup = self.lookups.get(node_type)
+        if lookup is None or lookup.device != self.device or lookup.numel() < size:
+            self.lookups.pop(node_type, None)  # freed before its successor is allocated
             dtype = self.lookup_type[node_type] if copies == 1 else lookup_type(size)
             lookup = torch.full((size,), unseen(dtype), dtype=dtype, device=self.device)
-            self.lookups[node_type, copies] = lookup
-        return lookup
+            self.lookups[node_type] = lookup
+        return lookup[:size]
 
     def __getstate__(self) -> dict:
         # DataLoader workers build their own scratch arrays.
