@@ -3,6 +3,7 @@ dataset file rewritten in place, splits drawn anew) is refused instead of mixing
 from __future__ import annotations
 
 import hashlib
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -14,16 +15,54 @@ WHOLE = 1 << 22
 BLOCKS, BLOCK = 1024, 1024
 
 
+def block_starts(numel: int) -> Tensor:
+    """Where the hashed runs of a tensor of ``numel > WHOLE`` elements start: ``BLOCKS``
+    evenly spaced, the first at 0 and the last at ``numel - BLOCK``, in exact integer
+    arithmetic at any size."""
+    return torch.arange(BLOCKS, dtype=torch.long) * (numel - BLOCK) // (BLOCKS - 1)
+
+
+def float32_block_starts(numel: int) -> Optional[Tensor]:
+    """The starts that releases before 2026-12 computed, through a float32 ``linspace``: None
+    where the last one rounded past ``numel - BLOCK`` (those sizes crashed), so only the
+    digests those releases could write are recomputed (:func:`earlier_fingerprint`)."""
+    starts = torch.linspace(0, numel - BLOCK, BLOCKS).long()
+    return starts if int(starts[-1]) <= numel - BLOCK else None
+
+
 def data_fingerprint(tensors: dict[str, Tensor]) -> str:
     """A hex digest of the graph's tensors: names, dtypes, shapes and values (all of the
     small ones, evenly spaced runs of the large)."""
+    return _digest(tensors, block_starts)
+
+
+def earlier_fingerprint(tensors: dict[str, Tensor]) -> Optional[str]:
+    """The digest a release before 2026-12 wrote into its checkpoints for the same tensors
+    (its float32 starts could differ from :func:`block_starts` on large tensors), or None where
+    it equals :func:`data_fingerprint` or that release could not compute one: a checkpoint
+    holding it resumes on the same data."""
+    try:
+        earlier = _digest(tensors, float32_block_starts)
+    except _NoDigest:
+        return None
+    return None if earlier == data_fingerprint(tensors) else earlier
+
+
+class _NoDigest(Exception):
+    pass
+
+
+def _digest(tensors: dict[str, Tensor], starts_of: Callable[[int], Optional[Tensor]]) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for name in sorted(tensors):
         tensor = tensors[name].detach()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
         flat = tensor.reshape(-1)
         if flat.numel() > WHOLE:
-            starts = torch.linspace(0, flat.numel() - BLOCK, BLOCKS, device=flat.device).long()
+            starts = starts_of(flat.numel())
+            if starts is None:
+                raise _NoDigest
+            starts = starts.to(flat.device)
             flat = flat[(starts[:, None] + torch.arange(BLOCK, device=flat.device)).view(-1)]
         digest.update(flat.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
