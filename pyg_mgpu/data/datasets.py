@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import zipfile
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data import sources
 from pyg_mgpu.data.cache import cache_folder, load_cached
-from pyg_mgpu.data.graph import DatasetError, ConvertedGraph
+from pyg_mgpu.data.graph import ConvertedGraph, DatasetError, feature_dtype_for
 from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS, load_hetero_dataset
+from pyg_mgpu.data.npz import NpzArray, npz_members
 from pyg_mgpu.data.sources import PLANETOID
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 
@@ -85,7 +88,7 @@ def load_graph(
     *,
     seed: int = 0,
     synthetic: Optional[SyntheticSpec] = None,
-    feature_dtype: torch.dtype = torch.float32,
+    feature_dtype: Optional[torch.dtype] = None,
     cache_dir: str | Path | None = None,
     placement: Optional[str] = "tensors",
     log: Optional[Callable[[str], None]] = None,
@@ -103,7 +106,9 @@ def load_graph(
             by ``$PYG_MGPU_CACHE`` (default ``~/.cache/pyg_mgpu``) instead.
         seed: Seed of the synthetic graph.
         synthetic: Size of the synthetic graph; used only when ``name`` is ``synthetic``.
-        feature_dtype: The features' dtype (float32, or bfloat16 for bf16 runs).
+        feature_dtype: The features' dtype (bfloat16 for bf16 runs), or None: as stored where
+            that is a half precision (a ``.npz`` of fp16 features stays fp16, half the memory),
+            else float32.
         cache_dir: Where converted graphs are kept (:mod:`pyg_mgpu.data.cache`); None converts
             every time.
         placement: With a cache, where the graph goes (:data:`~pyg_mgpu.data.cache.PLACEMENTS`):
@@ -137,8 +142,9 @@ def load_graph(
 
     def build() -> ConvertedGraph:
         graph = _convert(key, name, root, seed, spec)
-        if graph.x.dtype != feature_dtype:
-            graph.x = graph.x.to(feature_dtype)
+        wanted = feature_dtype_for(graph.x.dtype, feature_dtype)
+        if graph.x.dtype != wanted:
+            graph.x = graph.x.to(wanted)
         return graph
 
     if cache_dir is None:
@@ -147,7 +153,8 @@ def load_graph(
                              "cache_dir.")
         return build()
     identity, label, sources = _cache_identity(key, name, root, seed, spec)
-    identity["feature_dtype"] = str(feature_dtype)
+    identity["feature_dtype"] = str(feature_dtype_for(_stored_feature_dtype(key, name),
+                                                      feature_dtype))
     folder = cache_folder(Path(cache_dir).expanduser(), label, identity)
     return load_cached(folder, identity, sources, build, placement, log)
 
@@ -163,6 +170,19 @@ def _convert(key: Optional[str], name: str, root: str | Path | None, seed: int,
     if key == "reddit":
         return sources.load_reddit(Path(root or DEFAULT_ROOT / "reddit"))
     return sources.load_ogb(key, Path(root or DEFAULT_ROOT))
+
+
+def _stored_feature_dtype(key: Optional[str], name: str) -> torch.dtype:
+    """The features' type in the source: a ``.npz`` file's, read from its header (float32
+    where it cannot be read: the conversion then says what is wrong); float32 for the rest."""
+    if key is None:
+        try:
+            info = npz_members(Path(name)).get("x")
+            if info is not None and NpzArray(Path(name), info).dtype == np.float16:
+                return torch.float16
+        except (OSError, ValueError, zipfile.BadZipFile):
+            pass
+    return torch.float32
 
 
 def _cache_identity(key: Optional[str], name: str, root: str | Path | None, seed: int,

@@ -31,6 +31,36 @@ class DatasetError(ValueError):
 
 SPLITS = ("train_idx", "val_idx", "test_idx")
 NPZ_KEYS = ("edge_index", "x", "y") + SPLITS
+HALF_FEATURES = (torch.float16, torch.bfloat16)
+"""Feature types kept as stored (half the memory of float32: MAG240M's features are 375 GB in
+fp16); every other type becomes float32. Batches are computed on in float32, or in bf16 under
+autocast."""
+
+
+def feature_dtype_for(stored: torch.dtype, requested: Optional[torch.dtype] = None) -> torch.dtype:
+    """The features' type in memory: ``requested``, or by default the stored half precision
+    (:data:`HALF_FEATURES`) kept, anything else float32."""
+    if requested is not None:
+        return requested
+    return stored if stored in HALF_FEATURES else torch.float32
+
+
+def as_signed_ids(ids: Tensor, what: str, name: str) -> Tensor:
+    """Integer ids (node ids, labels) of any integer type as int64, int32 and int64 kept as
+    they are: torch's reductions and indexing take no unsigned type but uint8, and read uint8
+    indices as a mask. uint64 values from 2**63 on fit no signed type: refused, since no
+    graph has that many nodes or classes."""
+    if ids.dtype in (torch.int32, torch.int64):
+        return ids
+    if torch.is_floating_point(ids) or torch.is_complex(ids) or ids.dtype == torch.bool:
+        raise DatasetError(f"{name}: {what} must hold integer node ids, got {ids.dtype}.")
+    if ids.dtype == torch.uint64:
+        signed = ids.view(torch.int64)  # the same bits: values from 2**63 on read negative
+        if signed.numel() and int(signed.min()) < 0:
+            raise DatasetError(f"{name}: {what} holds values of 2**63 or more (uint64), more "
+                               "than any graph has nodes or classes; fix those values.")
+        return signed
+    return ids.long()
 
 
 def check_shm_room(name: str, need: int, shm_dir: str = "/dev/shm") -> None:
@@ -118,7 +148,8 @@ class ConvertedGraph(TrainingGraph):
             ``row[colptr[v]:colptr[v + 1]]``.
         row: ``[E]`` source node of each edge, grouped by destination: int32 whenever node ids
             fit (half the shared memory and bytes read per sampled edge), else int64.
-        x: ``[N, F]`` float32 node features (bfloat16 for runs with ``--amp bf16``).
+        x: ``[N, F]`` node features: float32, or a half precision kept as stored (fp16 or
+            bf16, :data:`HALF_FEATURES`; bf16 for runs with ``--amp bf16``).
         y: ``[N]`` int64 labels in ``[0, num_classes)``.
         train_idx, val_idx, test_idx: int64 node ids of each split (disjoint).
         num_classes: Number of label classes.
@@ -280,7 +311,7 @@ class ConvertedGraph(TrainingGraph):
         if torch.is_floating_point(edge_index) or edge_index.dtype == torch.bool:
             raise DatasetError(f"{name}: edge_index must hold integer node ids, got "
                                f"{edge_index.dtype}.")
-        src, dst = edge_index
+        src, dst = edge_index  # any integer type: converted a chunk at a time
 
         def edges() -> Iterator[tuple[Tensor, Tensor]]:
             yield from edge_chunks(src, dst)()
@@ -306,11 +337,16 @@ class ConvertedGraph(TrainingGraph):
         generated): the conversion never holds more than one chunk beyond its output.
 
         Each node's in-edges keep their input order; the edge order itself is not kept (the
-        store's edge ids are CSC positions).
+        store's edge ids are CSC positions). Ids of any integer type are taken (int64 where
+        another type cannot be read as it is); features keep a stored half precision
+        (:data:`HALF_FEATURES`) and become float32 otherwise.
         """
         x = torch.as_tensor(x)
         y = torch.as_tensor(y)
         splits = [torch.as_tensor(s).view(-1) for s in (train_idx, val_idx, test_idx)]
+        splits = [as_signed_ids(s, f"split {split}", name) for s, split in zip(splits, SPLITS)]
+        if not (torch.is_floating_point(y) or y.dtype == torch.bool):
+            y = as_signed_ids(y, "labels y", name)  # min/max exist for every signed type
         _validate(name, x, y, splits)
         # Unlabeled nodes outside every split may carry any negative label; mark them -1.
         y = y.view(-1).long().clamp(min=-1)
@@ -319,15 +355,27 @@ class ConvertedGraph(TrainingGraph):
         elif int(y.max()) >= num_classes:
             raise DatasetError(f"{name}: label {int(y.max())} is out of range for "
                                f"{num_classes} classes; labels must lie in [0, {num_classes}).")
+        if num_classes < 2:
+            raise DatasetError(f"{name}: every labelled node has label 0, so there is one class "
+                               "and nothing to classify; node classification needs labels of "
+                               "at least 2 classes (store num_classes if some have no node).")
+
+        def id_chunks() -> Iterator[tuple[Tensor, Tensor]]:
+            for src, dst in edges():
+                yield (as_signed_ids(src, "edge_index", name),
+                       as_signed_ids(dst, "edge_index", name))
+
         try:
-            csc = csc_from_chunks(edges, x.size(0), keep_perm=False)
+            csc = csc_from_chunks(id_chunks, x.size(0), keep_perm=False)
+        except DatasetError:
+            raise
         except ValueError as err:
             raise DatasetError(f"{name}: {err}") from None
         return cls(
             name=name,
             colptr=csc.colptr,
             row=csc.row,
-            x=x.float().contiguous() if x.dtype != torch.bfloat16 else x.contiguous(),
+            x=x.to(feature_dtype_for(x.dtype)).contiguous(),
             y=y.contiguous(),
             train_idx=splits[0].long().contiguous(),
             val_idx=splits[1].long().contiguous(),

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from pyg_mgpu.data.downloads import ogb_guards, run_library
-from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, DatasetError, ConvertedGraph
+from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, ConvertedGraph, DatasetError, as_signed_ids
 from pyg_mgpu.data.npz import NpzArray, npz_members
 
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
@@ -123,8 +123,9 @@ def _check_label_gaps(y: torch.Tensor, error: Callable[[str], DatasetError]) -> 
 
 def load_npz(path: Path) -> ConvertedGraph:
     """Reads a ``.npz`` graph without loading its edge list whole: the conversion streams
-    ``edge_index`` from the file and the features go straight into their final float32 tensor,
-    so the peak is the converted graph plus a few chunks (not an int64 copy of the edges)."""
+    ``edge_index`` (of any integer type) from the file and the features go straight into their
+    final tensor (float16 where stored so, else float32), so the peak is the converted graph
+    plus a few chunks (not an int64 copy of the edges)."""
     def error(problem: str) -> DatasetError:
         return DatasetError(f"{path}: {problem}. The file must contain {_NPZ_CONTENTS}.")
 
@@ -137,6 +138,8 @@ def load_npz(path: Path) -> ConvertedGraph:
         if missing:
             raise error(f"missing key(s) {', '.join(missing)}")
         small = {k: torch.from_numpy(members[k].read_all()) for k in ("y",) + SPLITS}
+        if not np.issubdtype(members["y"].dtype, np.floating):
+            small["y"] = as_signed_ids(small["y"], "labels y", str(path))
         num_classes = members["num_classes"].read_all() if "num_classes" in members else None
         for key in ("edge_index",) + SPLITS:
             if not np.issubdtype(members[key].dtype, np.integer):
@@ -147,7 +150,9 @@ def load_npz(path: Path) -> ConvertedGraph:
         if len(features.shape) != 2 or features.shape[0] == 0:
             raise error(f"features x must be a non-empty [num_nodes, num_features] matrix, got "
                         f"shape {features.shape}")
-        x = features.read_into(torch.empty(features.shape, dtype=torch.float32))
+        # A stored half precision is kept (MAG240M's fp16 features would double as float32).
+        stored = torch.float16 if features.dtype == np.float16 else torch.float32
+        x = features.read_into(torch.empty(features.shape, dtype=stored))
         if num_classes is not None:
             if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):
                 raise error(f"num_classes must be one integer, got {num_classes!r}")

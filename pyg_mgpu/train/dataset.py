@@ -22,8 +22,9 @@ def load_configured(cfg: TrainConfig, *, for_training: bool = True,
     (:data:`~pyg_mgpu.data.hetero_datasets.HETERO_DATASETS`) comes as a
     :class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`, read without the converted-graph cache.
 
-    ``for_training`` applies the run's storage choices (bf16 features with ``--amp bf16``);
-    exports for other tools (the DGL comparison) leave it off and get the dataset as read.
+    ``for_training`` applies the run's storage choices (bf16 features with ``--amp bf16``;
+    otherwise float32, or the stored half precision kept); exports for other tools (the DGL
+    comparison) leave it off and get the dataset as read.
     ``placement`` overrides ``--features-on`` (see :data:`pyg_mgpu.data.cache.PLACEMENTS`).
     """
     if cfg.is_hetero:
@@ -40,6 +41,6 @@ def load_configured(cfg: TrainConfig, *, for_training: bool = True,
     if placement is None and not cfg.data.no_cache and cfg.data.features_on != "auto":
         placement = cfg.data.features_on  # shm or mmap; auto stays None
     return load_graph(cfg.data.dataset, cfg.data.root, seed=cfg.training.seed, synthetic=spec,
-                      feature_dtype=torch.bfloat16 if bf16 else torch.float32,
+                      feature_dtype=torch.bfloat16 if bf16 else None,
                       cache_dir=None if cfg.data.no_cache else (cfg.data.cache_dir or default_cache_dir()),
                       placement=placement, log=lambda line: print(line, flush=True))

@@ -89,6 +89,16 @@ def seed_store(batch):
     return batch
 
 
+def compute_features(x: Tensor) -> Tensor:
+    """A batch's feature rows as the model computes on them: features stored in half
+    precision (fp16 or bf16, half the memory) become float32, except under autocast, which
+    casts them itself."""
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if half and not torch.is_autocast_enabled(x.device.type):
+        return x.float()
+    return x
+
+
 def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, **kwargs) -> Tensor:
     """The model's outputs for a batch's seeds: ``model(batch.x, batch.edge_index, **kwargs)``,
     or on a ``HeteroData`` batch ``model(batch.x_dict, batch.edge_index_dict, **kwargs)``, of
@@ -96,7 +106,7 @@ def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, **kwargs) -> 
     do)."""
     seeds = seed_store(batch)
     if seeds is batch:
-        out = model(batch.x, batch.edge_index, **kwargs)
+        out = model(compute_features(batch.x), batch.edge_index, **kwargs)
     else:
         out = model(batch.x_dict, batch.edge_index_dict, **kwargs)
         if isinstance(out, dict):

@@ -231,7 +231,10 @@ class GraphedStep:
 
     def _new_layout(self, layout: PaddedLayout, batch) -> None:
         self._graph = self._outputs = None  # the old graph's memory goes back to the pool
-        self.static = StaticBatch(layout, batch.x.size(1), feature_dtype=batch.x.dtype,
+        # Half-precision features are copied in as float32 unless the step autocasts.
+        half = batch.x.dtype in (torch.float16, torch.bfloat16)
+        feature_dtype = torch.float32 if half and not self.amp else batch.x.dtype
+        self.static = StaticBatch(layout, batch.x.size(1), feature_dtype=feature_dtype,
                                   index_dtype=batch.edge_index.dtype, device=self.device)
         self._eager_left = WARMUP_STEPS
         self.stats["layouts"] += 1
