@@ -15,35 +15,47 @@ The public API, in pipeline order::
 by a sampler in plain torch,
 so they need neither pyg-lib nor torch-sparse. See docs/api.md.
 """
-from pyg_mgpu.data.csc import share_data
-from pyg_mgpu.data.datasets import load_dataset
-from pyg_mgpu.data.pinned import pinned_data
-from pyg_mgpu.distributed.context import JobStopped, RankContext, RankFailed
-from pyg_mgpu.distributed.launch import spawn
-from pyg_mgpu.sampling.bidirectional import BidirectionalNeighborSampler
-from pyg_mgpu.sampling.link_neighbor_loader import LinkNeighborLoader
-from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
-from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
-from pyg_mgpu.train import evaluation
-from pyg_mgpu.train.evaluation import accuracy, global_ratio, layerwise_inference
-from pyg_mgpu.train.ranking import global_auc, ranking_metrics
+from __future__ import annotations
 
-__all__ = [
-    "BidirectionalNeighborSampler",
-    "JobStopped",
-    "LinkNeighborLoader",
-    "NeighborLoader",
-    "NeighborSampler",
-    "RankContext",
-    "RankFailed",
-    "accuracy",
-    "evaluation",
-    "global_auc",
-    "global_ratio",
-    "layerwise_inference",
-    "load_dataset",
-    "pinned_data",
-    "ranking_metrics",
-    "share_data",
-    "spawn",
-]
+import importlib
+from typing import Any
+
+# Each public name and the module that defines it. They are imported when first used, so that
+# ``python -m pyg_mgpu.distributed_sampling`` (which imports this package first) reaches its own
+# code, its flag checks and its Ctrl-C handling, before torch and PyG have loaded.
+_HOMES = {
+    "BidirectionalNeighborSampler": "pyg_mgpu.sampling.bidirectional",
+    "JobStopped": "pyg_mgpu.distributed.context",
+    "LinkNeighborLoader": "pyg_mgpu.sampling.link_neighbor_loader",
+    "NeighborLoader": "pyg_mgpu.sampling.neighbor_loader",
+    "NeighborSampler": "pyg_mgpu.sampling.neighbor_sampler",
+    "RankContext": "pyg_mgpu.distributed.context",
+    "RankFailed": "pyg_mgpu.distributed.context",
+    "accuracy": "pyg_mgpu.train.evaluation",
+    "evaluation": "pyg_mgpu.train",
+    "global_auc": "pyg_mgpu.train.ranking",
+    "global_ratio": "pyg_mgpu.train.evaluation",
+    "layerwise_inference": "pyg_mgpu.train.evaluation",
+    "load_dataset": "pyg_mgpu.data.datasets",
+    "pinned_data": "pyg_mgpu.data.pinned",
+    "ranking_metrics": "pyg_mgpu.train.ranking",
+    "share_data": "pyg_mgpu.data.csc",
+    "spawn": "pyg_mgpu.distributed.launch",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pyg_mgpu' has no attribute {name!r}")
+    module = importlib.import_module(home)
+    value = (importlib.import_module(f"{home}.{name}") if not hasattr(module, name)
+             else getattr(module, name))
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
