@@ -7,7 +7,9 @@ code 2; a failed rank ends the job with exit code 1 and names the rank.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import signal
 import sys
 import time
 import traceback
@@ -17,9 +19,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.tools.cli import Parser
-from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON, GRAPH_PLACES,
-                                   INFERENCE_MODES, MODEL_RECIPES, MODELS, NORMS, RECIPES,
-                                   SAMPLERS, ConfigError, TrainConfig, in_flags)
+
+# torch, PyG and the rest of the package are imported inside the functions, under main()'s
+# handling of Ctrl-C: loading them takes seconds, and a Ctrl-C then is a stop like any other.
 
 
 _DESCRIPTION = ("Train a GNN (GraphSAGE, or PyG's GCN, GAT, GIN; R-GCN on heterogeneous graphs: "
@@ -49,6 +51,10 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
     """The CLI's parser, its flags grouped by topic (the docs' CLI reference is built from it).
     Other commands that take the same flags (``python -m pyg_mgpu.compare_dgl``) name
     themselves and their output folder."""
+    from pyg_mgpu.train.config import (AMP_MODES, BACKENDS, EVAL_MODES, FEATURES_ON,
+                                       GRAPH_PLACES, INFERENCE_MODES, MODEL_RECIPES, MODELS,
+                                       NORMS, RECIPES, SAMPLERS, TrainConfig)
+
     d = SimpleNamespace(**TrainConfig().flat())  # the defaults, by flag name
     p = Parser(prog=prog, description=description)
 
@@ -201,6 +207,10 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
 
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--out", default=d.out, help=out_help)
+    outputs.add_argument("--overwrite", action="store_true", default=d.overwrite,
+                         help="start afresh in an --out that holds another run's "
+                              "checkpoint.pt, deleting it (without this, or --resume, such "
+                              "a run is refused)")
     outputs.add_argument("--debug", action="store_true", help="show full tracebacks")
 
     faults = p.add_argument_group("faults, stops and resume")
@@ -223,9 +233,16 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
 
 
 def make_out_dir(out: Optional[str]) -> Path:
+    """``--out``, created and checked writable; without it a new ``runs/<timestamp>`` (with a
+    suffix when a run started in the same second has it)."""
+    from pyg_mgpu.train.config import ConfigError
+
     path = Path(out) if out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if out:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path = _new_folder(path)
         probe = path / f".write-test-{os.getpid()}"  # torchrun ranks probe at once
         probe.write_text("")
         probe.unlink()
@@ -235,24 +252,54 @@ def make_out_dir(out: Optional[str]) -> Path:
     return path
 
 
-def run(cfg: TrainConfig) -> Path:
-    """Loads the data once, shares it, starts the ranks; returns the output folder."""
+def _new_folder(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ...: the first that did not exist, created."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "a thousand runs started this second", str(path))
+
+
+def run(cfg) -> Path:
+    """Loads the data once, shares it, starts the ranks; returns the output folder.
+
+    ``cfg``: a :class:`~pyg_mgpu.train.config.TrainConfig`.
+    """
+    from pyg_mgpu.distributed.devices import launched_by_torchrun
+    from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resume_names_a_folder
+    from pyg_mgpu.train.loaders import resolve_sampler
+
+    resolve_sampler(cfg.training.sampler)
+    check_resume_names_a_folder(cfg.faults.resume)
+    if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
+        cfg.faults.resume = cfg.outputs.out if (Path(cfg.outputs.out) / CHECKPOINT).is_file() \
+            else None
+    if launched_by_torchrun():  # rank 0 makes and claims the folder, in the process group
+        return _start(cfg, None)
+    from pyg_mgpu.train.run_folder import claim_run_folder
+
+    out = make_out_dir(cfg.outputs.out or cfg.faults.resume)
+    cfg.outputs.out = str(out)  # the folder chosen is the one recorded
+    with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
+        return _start(cfg, out)
+
+
+def _start(cfg, out: Optional[Path]) -> Path:
+    """The run in a claimed ``out``; under torchrun (``out`` None) as one rank of the job."""
     from pyg_mgpu.data.fingerprint import data_fingerprint
-    from pyg_mgpu.train.checkpoint import (CHECKPOINT, check_resumable,
-                                           check_resume_names_a_folder, check_same_data)
-    from pyg_mgpu.train.dataset import load_configured
     from pyg_mgpu.distributed.devices import (launched_by_torchrun, resolve_devices,
                                               torchrun_device)
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
     from pyg_mgpu.distributed.launch import launch_local
-    from pyg_mgpu.train.loaders import resolve_sampler
     from pyg_mgpu.sampling.sharding import check_shardable
+    from pyg_mgpu.train.checkpoint import check_resumable, check_same_data
+    from pyg_mgpu.train.dataset import load_configured
 
-    resolve_sampler(cfg.training.sampler)
-    check_resume_names_a_folder(cfg.faults.resume)
-    out = make_out_dir(cfg.outputs.out or cfg.faults.resume)
-    if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
-        cfg.faults.resume = cfg.outputs.out if (out / CHECKPOINT).is_file() else None
     torchrun = launched_by_torchrun()
     with warnings.catch_warnings(record=True) as notices:  # one line each, as errors are
         warnings.simplefilter("always")
@@ -266,8 +313,8 @@ def run(cfg: TrainConfig) -> Path:
                if cfg.faults.resume else None)
     if torchrun:
         from pyg_mgpu.train.multinode import run_torchrun_rank
-        run_torchrun_rank(cfg, out, resumed)
-        return out
+        return run_torchrun_rank(cfg, lambda: make_out_dir(cfg.outputs.out or cfg.faults.resume),
+                                 resumed)
     start = time.perf_counter()
     graph = load_configured(cfg)
     check_shardable(graph.train_idx.numel(), len(devices), cfg.training.batch_size)
@@ -294,8 +341,17 @@ def run(cfg: TrainConfig) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while torch or the data loads: no rank has started
+        print("\nerror: stopped by SIGINT", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     from pyg_mgpu.distributed.context import JobStopped, RankFailed
     from pyg_mgpu.distributed.stop import StopSignal, stopped_exit_code
+    from pyg_mgpu.train.config import ConfigError, TrainConfig, in_flags
 
     args = build_parser().parse_args(argv)
     debug = args.debug
@@ -314,8 +370,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"\nerror: {e}; {_checkpoint_note(cfg)}", file=sys.stderr)
         return stopped_exit_code(e.signum)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        raise  # main() reports it
     except Exception as e:  # a rank failed: RankFailed carries its traceback already
         if debug or not isinstance(e, RankFailed):
             traceback.print_exc()
@@ -325,11 +380,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _checkpoint_note(cfg: TrainConfig) -> str:
+def _checkpoint_note(cfg) -> str:
     """Where a stopped run's checkpoint is and how to continue from it, in one clause."""
     from pyg_mgpu.train.checkpoint import CHECKPOINT, describe
 
-    run_dir = Path(cfg.outputs.out or cfg.faults.resume)
+    if cfg is None or not cfg.outputs.out:  # stopped before the folder was chosen
+        return "no checkpoint (the job stopped before writing one)"
+    run_dir = Path(cfg.outputs.out)  # set once the folder was chosen, before any rank ran
     path = run_dir / CHECKPOINT
     try:
         import torch

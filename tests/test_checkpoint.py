@@ -86,7 +86,8 @@ def test_resume_counts_the_epoch_a_step_checkpoint_stopped_in(tmp_path):
     from pyg_mgpu.train.config import TrainConfig
 
     torch.save({"config": TrainConfig().to_dict(), "world_size": 2, "epoch": 2,
-                "step": {"epoch": 3, "done": 40}}, tmp_path / "checkpoint.pt")
+                "step": {"epoch": 3, "done": 40}, "model": {}, "optimizer": {}, "history": [],
+                "best": {}, "rng": []}, tmp_path / "checkpoint.pt")
     with pytest.raises(ValueError, match="is epoch 3, 40 steps in, beyond --epochs 2; pass "
                                          "--epochs 3 or more"):
         check_resumable(TrainConfig.from_flags(epochs=2, resume=str(tmp_path)), 2)

@@ -99,7 +99,8 @@ def test_bad_model_options_are_one_line_on_the_command_line(tmp_path, capsys):
 
 def test_resume_refuses_another_model(tmp_path):
     torch.save({"config": TrainConfig.from_flags(model="gcn").to_dict(), "world_size": 2,
-                "epoch": 1}, tmp_path / CHECKPOINT)
+                "epoch": 1, "step": None, "model": {}, "optimizer": {}, "history": [],
+                "best": {}, "rng": []}, tmp_path / CHECKPOINT)
     check_resumable(TrainConfig.from_flags(model="gcn", resume=str(tmp_path)), 2)
     with pytest.raises(ValueError, match="model='gcn' but this run asks for 'gat'"):
         check_resumable(TrainConfig.from_flags(model="gat", resume=str(tmp_path)), 2)

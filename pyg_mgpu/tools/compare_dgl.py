@@ -51,9 +51,10 @@ FIXED_FLAGS = {"eval_on": "rank0", "eval_every": 1, "eval_batch_size": None, "re
 NOT_FLAGS = ("recipe_sources",)
 # Main-command settings both sides get (side_commands spells them out), or that only choose the
 # data, which both sides read from the one exported .npz.
+# (--overwrite: the pyg_mgpu side always gets it, see side_commands.)
 SHARED_FIELDS = {"dataset", "root", "devices", "nprocs", "epochs", "batch_size", "fanout",
-                 "hidden", "dropout", "lr", "seed", "num_workers", "out", "num_nodes",
-                 "num_edges", "num_features", "num_classes", *FIXED_FLAGS}
+                 "hidden", "dropout", "lr", "seed", "num_workers", "out", "overwrite",
+                 "num_nodes", "num_edges", "num_features", "num_classes", *FIXED_FLAGS}
 
 
 @dataclasses.dataclass
@@ -137,7 +138,8 @@ def side_commands(cfg: TrainConfig, npz: Path, seed: int, out: Path, dgl_python:
         "pyg_mgpu": [sys.executable, "-m", "pyg_mgpu.distributed_sampling",
                      "--dataset", str(npz), "--devices", cfg.ranks.devices, *shared,
                      "--eval-on", "rank0", "--eval-every", "1", *pyg_only_flags(cfg),
-                     "--out", str(run_folder(out, "pyg_mgpu", seed))],
+                     # A comparison repeated in the same --out starts its runs afresh.
+                     "--out", str(run_folder(out, "pyg_mgpu", seed)), "--overwrite"],
         "dgl": [dgl_python, str(DGL_SCRIPT), "--npz", str(npz), "--devices", dgl_device,
                 *shared, "--sampler", dgl_sampler, "--out", str(run_folder(out, "dgl", seed))],
     }

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
+    """Writes ``path`` through ``write(file)`` into a temporary file beside it
+    (``.NAME.XXXXXXXX.tmp``), then renames it over ``path``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -35,6 +37,18 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
             os.unlink(tmp)
         raise
     return path
+
+
+def remove_partial_writes(folder: Path) -> list[Path]:
+    """Deletes the temporary files of :func:`atomic_write` in ``folder``: a process killed
+    mid-write (SIGKILL, a lost machine) leaves its temporary file behind. Only for a folder no
+    live process writes to. Returns the paths deleted."""
+    removed = []
+    for path in Path(folder).glob(".*.tmp"):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def _umask() -> int:
@@ -84,6 +98,10 @@ def check_resumable(cfg, world_size: int) -> dict:
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"--resume {cfg.faults.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
                          "written by pyg_mgpu, or the disk lost it.")
+    foreign = not_a_checkpoint(ckpt)
+    if foreign:
+        raise ValueError(f"--resume {cfg.faults.resume}: {CHECKPOINT} was not written by "
+                         f"pyg_mgpu ({foreign}); pass the --out folder of a pyg_mgpu run.")
     saved = ckpt["config"]
     # Settings newer than the checkpoint: it was trained with their defaults.
     defaults, settings = type(cfg)().flat(), cfg.flat()
@@ -105,6 +123,28 @@ def check_resumable(cfg, world_size: int) -> dict:
         raise ValueError(f"--resume {cfg.faults.resume}: the checkpoint has {ckpt['world_size']} "
                          f"ranks but this run starts {world_size}; resume with the same count.")
     return ckpt
+
+
+# What save_checkpoint writes, and the type of each entry check_resumable reads.
+_ENTRIES = {"epoch": int, "step": (dict, type(None)), "world_size": int, "config": dict,
+            "model": dict, "optimizer": dict, "history": list, "best": dict, "rng": list}
+
+
+def not_a_checkpoint(ckpt: Any) -> str:
+    """Why ``ckpt`` (a loaded ``checkpoint.pt``) is not one :func:`save_checkpoint` wrote, in
+    a few words; '' when it is one."""
+    if not isinstance(ckpt, dict):
+        return f"it holds a {type(ckpt).__name__}, not a checkpoint's dict"
+    missing = [key for key in _ENTRIES if key not in ckpt]
+    if missing:
+        return f"it has no {', '.join(missing)}"
+    for key, kind in _ENTRIES.items():
+        if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool):
+            return f"its {key} is a {type(ckpt[key]).__name__}"
+    step = ckpt["step"]
+    if step is not None and not all(isinstance(step.get(k), int) for k in ("epoch", "done")):
+        return "its step has no epoch and done counts"
+    return ""
 
 
 def _same_file(now: str, before: str, ckpt: dict) -> bool:

@@ -269,6 +269,7 @@ class PerformanceSettings:
 class OutputSettings:
     out: Optional[str] = None
     debug: bool = False
+    overwrite: bool = False  # start afresh in an --out that holds another run's checkpoint
 
 
 @dataclass
@@ -347,6 +348,9 @@ class TrainConfig:
         if self.faults.resume == "auto" and not self.outputs.out:
             raise ConfigError("--resume auto continues from --out's checkpoint when there is "
                               "one; give --out (the folder every restart of the job shares).")
+        if self.faults.resume == "auto" and self.outputs.overwrite:
+            raise ConfigError("--overwrite starts afresh in --out, --resume auto continues "
+                              "from --out's checkpoint: use one of them.")
 
     def ignored_flags(self, device_type: str) -> list[str]:
         """Flags given that do nothing for this run: one sentence each, for a warning line."""

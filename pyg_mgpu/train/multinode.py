@@ -8,10 +8,11 @@ graph however many ranks it runs.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from pyg_mgpu.train.checkpoint import check_same_data, save_torch
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.dataset import load_configured
 from pyg_mgpu.train.loop import fewest_and_most
+from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder
 
 
 def _shm_path() -> Path:
@@ -72,33 +74,68 @@ def check_same_resume(cfg: TrainConfig, ctx: RankContext) -> None:
     checkpoint in each process, before the process group exists)."""
     fewest, most = fewest_and_most(int(bool(cfg.faults.resume)), ctx)
     if fewest != most:
-        raise ValueError(f"--resume: some ranks found a checkpoint in {cfg.outputs.out or cfg.faults.resume} "
+        raise ValueError(f"--resume: some ranks found a checkpoint in {cfg.outputs.out} "
                          "and others did not; give --out a folder every machine sees (a shared "
                          "filesystem).")
 
 
-def run_torchrun_rank(cfg: TrainConfig, out: Path, resumed: Optional[dict] = None) -> None:
-    """The entry point under torchrun: same trainer, environment rendezvous. ``resumed``:
-    the checkpoint ``--resume`` names, whose data this run's must be."""
+def claim_on_rank0(cfg: TrainConfig, ctx: RankContext, make_out: Callable[[], Path],
+                   claims: contextlib.ExitStack) -> Path:
+    """The job's output folder, made and claimed (:func:`claim_run_folder`) by rank 0 alone,
+    for as long as ``claims`` is open; every other rank learns where it is, or why the job
+    cannot start there, so none is left waiting for a rank that gave up.
+
+    Raises:
+        ValueError: on every rank, where rank 0 refused the folder (another run holds it, or
+            it holds a checkpoint this run would replace).
+    """
+    answer: list = [None, None]  # the folder, or the reason it was refused
+    refused: Optional[Exception] = None
+    if ctx.is_main:
+        try:
+            out = make_out()
+            claims.enter_context(claim_run_folder(out, resume=cfg.faults.resume,
+                                                  overwrite=cfg.outputs.overwrite))
+            answer[0] = str(out)
+        except (ValueError, OSError) as e:
+            refused, answer[1] = e, str(e)
+    dist.broadcast_object_list(answer, src=0)
+    if refused is not None:
+        raise refused
+    if answer[1] is not None:
+        raise RunFolderError(answer[1])
+    return Path(answer[0])
+
+
+def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path],
+                      resumed: Optional[dict] = None) -> Path:
+    """The entry point under torchrun: same trainer, environment rendezvous. ``make_out``:
+    makes the output folder (rank 0 calls it); ``resumed``: the checkpoint ``--resume`` names,
+    whose data this run's must be. Returns the output folder."""
     from pyg_mgpu.train.trainer import run_training
 
     # The pyg recipe is a baseline: its allocator is left as PyG's example runs it.
-    with torchrun_process_group(cfg.ranks.devices, timeout_s=cfg.ranks.timeout_s,
-                                tune_allocator=cfg.model.recipe == "pyg_mgpu",
-                                backend=cfg.ranks.backend, grace_s=cfg.faults.grace_s) as ctx:
-        check_same_resume(cfg, ctx)
-        start = time.perf_counter()
-        graph = load_graph_once_per_node(cfg, ctx)
-        check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.training.batch_size)
-        fingerprint = data_fingerprint(graph.tensors())
-        if resumed is not None:
-            check_same_data(resumed, fingerprint, cfg.faults.resume)
+    with contextlib.ExitStack() as claims:  # rank 0's claim lasts until its plots are written
+        with torchrun_process_group(cfg.ranks.devices, timeout_s=cfg.ranks.timeout_s,
+                                    tune_allocator=cfg.model.recipe == "pyg_mgpu",
+                                    backend=cfg.ranks.backend,
+                                    grace_s=cfg.faults.grace_s) as ctx:
+            check_same_resume(cfg, ctx)
+            out = claim_on_rank0(cfg, ctx, make_out, claims)
+            cfg.outputs.out = str(out)  # the folder chosen is the one recorded
+            start = time.perf_counter()
+            graph = load_graph_once_per_node(cfg, ctx)
+            check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.training.batch_size)
+            fingerprint = data_fingerprint(graph.tensors())
+            if resumed is not None:
+                check_same_data(resumed, fingerprint, cfg.faults.resume)
+            if ctx.is_main:
+                print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
+                      f"{ctx.device.type}\n{cfg.recipe_summary()}", flush=True)
+            run_training(ctx, graph, cfg, str(out),
+                         {"load_time_s": time.perf_counter() - start, "launcher": "torchrun",
+                          "data_fingerprint": fingerprint})
         if ctx.is_main:
-            print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
-                  f"{ctx.device.type}\n{cfg.recipe_summary()}", flush=True)
-        run_training(ctx, graph, cfg, str(out),
-                     {"load_time_s": time.perf_counter() - start, "launcher": "torchrun",
-                      "data_fingerprint": fingerprint})
-    if ctx.is_main:
-        from pyg_mgpu.train.plots import plot_run
-        plot_run(out)
+            from pyg_mgpu.train.plots import plot_run
+            plot_run(out)
+    return out

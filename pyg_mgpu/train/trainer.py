@@ -11,6 +11,7 @@ and counts divided once.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from pyg_mgpu.train.loaders import (
 )
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
+from pyg_mgpu.train.run_folder import hold_run_folder
 from pyg_mgpu.train.trace import StepTrace, format_top
 from pyg_mgpu.train.trainee import Trainee, build_ddp
 
@@ -362,9 +364,10 @@ def run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_d
                  run_info: Optional[dict] = None) -> None:
     """The rank function: trains, evaluates and (rank 0) writes the run's outputs.
 
-    A stop signal ends it at the next step, with a checkpoint (:func:`fit`).
+    A stop signal ends it at the next step, with a checkpoint (:func:`fit`). Rank 0 holds
+    the folder's lock (:func:`hold_run_folder`) while it writes there.
     """
-    with graceful():
+    with graceful(), hold_run_folder(Path(out_dir)) if ctx.is_main else contextlib.nullcontext():
         _run_training(ctx, graph, cfg, out_dir, run_info)
 
 

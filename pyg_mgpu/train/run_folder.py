@@ -1,0 +1,154 @@
+"""A run's output folder: one run writes there at a time, and no run's checkpoint is lost to
+another.
+
+A run locks its folder for its whole life: an ``fcntl.flock`` on the file ``.lock`` there,
+held by the launcher (or a torchrun job's rank 0) and by the rank that writes the outputs,
+until each exits. The kernel drops a process's locks when it dies, however it dies, so a crash
+leaves no stale lock behind; the file itself stays, empty of meaning, between runs. A second
+run on a locked folder is refused. So is a run that would start afresh in a folder holding a
+checkpoint, unless it continues that checkpoint (``--resume``) or was told to replace it
+(``--overwrite``).
+
+The claim takes the lock exclusively, which succeeds only while no process of any run holds
+it, then keeps it shared, so that the run's own rank can hold it too (a spawned rank opens
+the file anew; it inherits no descriptor from the launcher).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from pyg_mgpu.train.checkpoint import (CHECKPOINT, describe, not_a_checkpoint,
+                                       remove_partial_writes)
+
+LOCK = ".lock"
+# Filesystems that take no locks (some network and parallel filesystems) answer with these.
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+class RunFolderError(ValueError):
+    """The folder is in use by another run, or holds a checkpoint this run would replace."""
+
+
+def _warn(sentence: str) -> None:
+    print(f"warning: {sentence}", file=sys.stderr)
+
+
+def _open_lock(folder: Path) -> int:
+    # O_CLOEXEC: a process the run starts (a compile worker, a subprocess) must not keep the
+    # lock after the run has ended.
+    return os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+
+def _holder(folder: Path) -> str:
+    """Who holds the lock, as its holder wrote it (``pid P on HOST since TIME``), or ''."""
+    with contextlib.suppress(OSError):
+        text = (folder / LOCK).read_text().strip()
+        return f" ({text})" if text else ""
+    return ""
+
+
+@contextlib.contextmanager
+def claim_run_folder(out: Path, *, resume: Optional[str], overwrite: bool,
+                     warn: Callable[[str], None] = _warn) -> Iterator[None]:
+    """Holds ``out``'s lock for the body; before it starts, removes the partial files a killed
+    writer left (``.checkpoint.pt.*.tmp``) and, with ``overwrite``, the previous checkpoint.
+
+    Args:
+        out: The run's output folder (it exists).
+        resume: The folder this run continues from, if any (``--resume``, ``auto`` resolved).
+        overwrite: Start afresh even where ``out`` holds a checkpoint (``--overwrite``).
+        warn: Called with one sentence where the filesystem takes no locks.
+
+    Raises:
+        RunFolderError: another run holds the lock, or ``out`` holds a checkpoint that this
+            run neither continues nor was told to replace.
+    """
+    fd = _open_lock(out)
+    try:
+        locked = _lock(fd, fcntl.LOCK_EX, out, warn)
+        if locked:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        _check_checkpoint(out, resume, overwrite)
+        if locked:  # only then is no other run writing here
+            remove_partial_writes(out)
+            # Shared from here on: the run's rank takes it too; any other claim still fails.
+            _lock(fd, fcntl.LOCK_SH, out, warn)
+        if overwrite and not _continues(out, resume):
+            (out / CHECKPOINT).unlink(missing_ok=True)  # never taken for this run's own
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, kind: int, out: Path, warn) -> bool:
+    """Takes the lock on ``fd`` without waiting; False where the filesystem takes no locks."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunFolderError(f"--out {out} is in use by another run{_holder(out)}; wait for "
+                             "it to end, or choose another --out.") from None
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+        warn(f"--out {out}: its filesystem takes no locks ({os.strerror(e.errno)}), so "
+             "nothing stops another run from writing there at the same time.")
+        return False
+    return True
+
+
+def _continues(out: Path, resume: Optional[str]) -> bool:
+    """Whether the run continues the checkpoint in ``out`` itself."""
+    if not resume:
+        return False
+    try:
+        return os.path.samefile(out, resume)
+    except OSError:
+        return False
+
+
+def _check_checkpoint(out: Path, resume: Optional[str], overwrite: bool) -> None:
+    path = out / CHECKPOINT
+    if overwrite or _continues(out, resume) or not path.exists():
+        return
+    what = f"the checkpoint of an earlier run ({_describe(path)})"
+    how = (f"continue it with --resume {out} (or --resume auto), start afresh there with "
+           "--overwrite (which deletes it), or choose another --out")
+    if resume:
+        raise RunFolderError(f"--out {out} holds {what}, which this run, continuing "
+                             f"--resume {resume}, would replace; {how}.")
+    raise RunFolderError(f"--out {out} holds {what}; {how}.")
+
+
+def _describe(path: Path) -> str:
+    """Where the checkpoint in ``path`` stands, or that it cannot be read."""
+    try:
+        import torch
+        # weights_only: a file of unknown origin is read, not run, for a message.
+        ckpt = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except Exception:  # a torn, foreign or empty file: protected all the same
+        return "unreadable"
+    return "not one pyg_mgpu wrote" if not_a_checkpoint(ckpt) else describe(ckpt)
+
+
+@contextlib.contextmanager
+def hold_run_folder(out: Path) -> Iterator[None]:
+    """Holds ``out``'s lock, shared, for the body: the rank that writes the outputs keeps the
+    folder locked should its launcher die first (a launcher killed with SIGKILL leaves its
+    ranks to stop and write their checkpoint). Never refuses: the launcher decided."""
+    fd = _open_lock(out)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
