@@ -87,3 +87,21 @@ def wait_for_exit(job: subprocess.Popen, what: str, timeout_s: float = 30) -> in
 def ignore_sigint() -> None:
     """A child's starting state under ``cmd &`` or ``nohup``: SIGINT ignored."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def wait_for_library(job: subprocess.Popen, name: str, timeout_s: float) -> None:
+    """Returns once ``job`` has mapped a shared library whose path holds ``name`` (``libtorch``:
+    the process is inside ``import torch``)."""
+    maps = Path(f"/proc/{job.pid}/maps")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if name in maps.read_text():
+                return
+        except OSError:  # exec'ing, or ended
+            pass
+        if job.poll() is not None:
+            pytest.fail(f"the process ended before it loaded {name} (exit {job.returncode})")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {name} loaded within {timeout_s:.0f}s")
+        time.sleep(0.01)

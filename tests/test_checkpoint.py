@@ -68,6 +68,21 @@ def test_resume_from_a_folder_without_checkpoint(tmp_path, capsys, change, messa
     assert f"pass its folder, --resume {tmp_path}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("content, why", [
+    ({"state_dict": {}}, "it has no epoch, step, world_size, ..."),
+    ([1, 2, 3], "it holds a list, not a checkpoint's dict"),
+    ({"epoch": 1, "step": None, "world_size": 2, "config": ["not", "a", "dict"], "model": {},
+      "optimizer": {}, "history": [], "best": {}, "rng": []}, "its config is a list"),
+])
+def test_a_checkpoint_pyg_mgpu_did_not_write_is_refused_in_one_line(tmp_path, capsys, content,
+                                                                    why):
+    torch.save(content, tmp_path / "checkpoint.pt")
+    assert main(TINY + ["--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: --resume {tmp_path}: checkpoint.pt was not written by "
+                           f"pyg_mgpu ({why}); pass the --out folder of a pyg_mgpu run.")
+
+
 @pytest.mark.slow
 def test_resume_with_other_settings_is_refused(tmp_path, capsys):
     assert main(TINY + ["--epochs", "2", "--out", str(tmp_path)]) == 0

@@ -29,6 +29,10 @@ TINY_TEST_NODES = 300  # the default split: a fifth of the nodes
     (["--feature-cache-gb", "-1"], "--feature-cache-gb"),
     (["--prefetch", "-1"], "--prefetch"),
     (["--graph-on", "gpu", "--sampler", "pyg"], "--graph-on gpu needs --sampler native"),
+    (["--lr", "inf"], "--lr must be a finite positive number, got inf"),
+    (["--weight-decay", "inf"], "--weight-decay must be a finite number"),
+    (["--timeout", "inf"], "--timeout must be finite positive seconds"),
+    (["--resume", "auto", "--overwrite"], "--overwrite starts afresh"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert main(argv + ["--out", str(tmp_path)]) == 2

@@ -25,7 +25,7 @@ from pyg_mgpu.train.checkpoint import CHECKPOINT
 
 import _stop_ranks
 from _processes import (group_members, ignore_sigint, kill_group, wait_for_exit,
-                        wait_for_output, wait_until_gone)
+                        wait_for_library, wait_for_output, wait_until_gone)
 
 pytestmark = pytest.mark.slow
 
@@ -269,6 +269,26 @@ def test_resume_auto_starts_fresh_then_continues(tmp_path, uninterrupted, capfd)
     assert_same_run(tmp_path, uninterrupted)
     assert main(ARGS + ["--out", str(tmp_path), "--resume", "auto", "--lr", "0.01"]) == 2
     assert "lr=0.003" in capfd.readouterr().err
+
+
+def test_ctrl_c_while_torch_loads_is_one_line(tmp_path):
+    # Ctrl-C in a terminal: SIGINT to the foreground job, here while it imports torch.
+    log = tmp_path / "log.txt"
+    with log.open("w") as err:
+        job = subprocess.Popen(CLI + ARGS + ["--out", str(tmp_path / "run")], stdout=err,
+                               stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    try:
+        wait_for_library(job, "libtorch", timeout_s=60)
+        job.send_signal(signal.SIGINT)
+        code = wait_for_exit(job, "SIGINT", timeout_s=60)
+    finally:
+        kill_group(job.pid)
+        job.wait()
+    text = log.read_text(errors="replace")
+    assert code == 128 + signal.SIGINT, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    errors = error_lines(log)
+    assert len(errors) == 1 and errors[0].startswith("error: stopped by SIGINT"), text[-3000:]
 
 
 def test_resume_auto_needs_out(capfd):

@@ -137,7 +137,7 @@ def not_a_checkpoint(ckpt: Any) -> str:
         return f"it holds a {type(ckpt).__name__}, not a checkpoint's dict"
     missing = [key for key in _ENTRIES if key not in ckpt]
     if missing:
-        return f"it has no {', '.join(missing)}"
+        return f"it has no {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}"
     for key, kind in _ENTRIES.items():
         if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool):
             return f"its {key} is a {type(ckpt[key]).__name__}"

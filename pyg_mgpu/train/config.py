@@ -7,6 +7,7 @@ the config checks the ones that span groups. Every setting is the flag of its na
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
@@ -163,10 +164,12 @@ class ModelSettings:
         _positive(hidden=self.hidden, heads=self.heads)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout must lie in [0, 1), got {self.dropout}.")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr must be positive, got {self.lr}.")
-        if not self.weight_decay >= 0:
-            raise ConfigError(f"--weight-decay must be >= 0, got {self.weight_decay}.")
+        # An infinite step turns every weight into NaN at the first update.
+        if not 0 < self.lr < math.inf:
+            raise ConfigError(f"--lr must be a finite positive number, got {self.lr}.")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ConfigError(f"--weight-decay must be a finite number >= 0, got "
+                              f"{self.weight_decay}.")
         _one_of(recipe=(self.recipe, RECIPES), norm=(self.norm, NORMS))
         if self.model == "gat" and self.hidden % self.heads:
             raise ConfigError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}: "
@@ -229,8 +232,8 @@ class RankSettings:
                 resolve_backend(self.backend, torch.device("cpu"))
             except ArgumentError as e:
                 raise ConfigError(in_flags(e)) from None
-        if not self.timeout_s > 0:
-            raise ConfigError(f"--timeout must be positive seconds, got {self.timeout_s}.")
+        if not 0 < self.timeout_s < math.inf:
+            raise ConfigError(f"--timeout must be finite positive seconds, got {self.timeout_s}.")
 
 
 GRAPH_PLACES = ("auto", "cpu", "gpu", "host")
@@ -280,8 +283,8 @@ class FaultSettings:
     grace_s: float = 30.0  # seconds the ranks have to end after a stop signal
 
     def __post_init__(self) -> None:
-        if not self.grace_s > 0:
-            raise ConfigError(f"--grace-s must be positive seconds, got {self.grace_s}.")
+        if not 0 < self.grace_s < math.inf:
+            raise ConfigError(f"--grace-s must be finite positive seconds, got {self.grace_s}.")
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
             raise ConfigError("--checkpoint-every-steps must be a positive number of steps, "
                               f"got {self.checkpoint_every_steps}.")
