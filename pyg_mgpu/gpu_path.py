@@ -105,7 +105,10 @@ def iota(size: int, device: torch.device, dtype: torch.dtype = torch.long) -> Te
     The kept tensor only grows, and an outgrown one is never freed: the loader's thread and
     the training thread read them on different CUDA streams, and a freed block could be
     handed to one stream while the other still reads it. On a GPU a new one is written before
-    this returns, so no stream reads it unwritten.
+    this returns, so no stream reads it unwritten. The memory stays bounded: each growth at
+    least doubles, so the outgrown ones add up to less than the kept one, itself at most
+    twice the largest ``size`` asked for (per device and dtype: under 4 x 8 bytes per element
+    of the largest walk's output for int64).
     """
     device = torch.device(device)
     kept = _IOTA.get((device, dtype))

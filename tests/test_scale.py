@@ -173,3 +173,13 @@ def test_the_cli_starts_and_trains_on_a_graph_above_two_to_the_27_edges(tmp_path
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["epochs"][0]["epoch"] == 1
     assert 0.0 <= metrics["test_acc"] <= 1.0
+
+
+def test_outgrown_iota_buffers_add_up_to_less_than_the_kept_one():
+    from pyg_mgpu import gpu_path
+    dtype = torch.float64  # a type no other code asks for: this test's buffers alone
+    for size in (5000, 3000, 70_000, 70_001, 300_000, 1_000_000):
+        assert torch.equal(gpu_path.iota(size, "cpu", dtype), torch.arange(size, dtype=dtype))
+    kept = gpu_path._IOTA[torch.device("cpu"), dtype]
+    outgrown = [t for t in gpu_path._IOTA_OUTGROWN if t.dtype == dtype]
+    assert sum(t.numel() for t in outgrown) < kept.numel() <= 2 * 1_000_000
