@@ -129,6 +129,23 @@ def link_metrics_over_ranks(ctx, scores, labels, pos, neg, result):
                                          dtype=result.dtype)
 
 
+def link_metrics_with_a_nan_on_rank_1(ctx, refused):
+    """Rank 1 alone scores one edge and one query NaN; ``refused[rank, i]`` = 1 where rank's
+    call i (AUC, ranking) raised ValueError, after which the ranks still meet in a barrier."""
+    import pyg_mgpu
+    scores, labels = torch.tensor([0.9, 0.1, 0.8, 0.2]), torch.tensor([1, 0, 1, 0])
+    pos, neg = torch.tensor([0.9, 0.5]), torch.tensor([[0.1, 0.2], [0.7, 0.5]])
+    if ctx.rank == 1:
+        scores[0], pos[1] = float("nan"), float("nan")
+    for i, metric in enumerate((lambda: pyg_mgpu.global_auc(scores, labels),
+                                lambda: pyg_mgpu.ranking_metrics(pos, neg))):
+        try:
+            metric()
+        except ValueError:
+            refused[ctx.rank, i] = 1
+    dist.barrier()
+
+
 def padded_step_over_ranks(ctx, graph, params_out, grads_out, own_grads_out):
     """Ranks start from different weights; broadcast_parameters gives every rank rank 0's, and
     the padded step (dropout 0, a different batch per rank) averages the flat gradients."""

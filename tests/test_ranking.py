@@ -47,6 +47,58 @@ def test_bad_input_says_what_is_wrong():
         pyg_mgpu.ranking_metrics(torch.ones(3), torch.ones(2, 4), sum_over_ranks=False)
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("pos, neg, name", [
+    ([NAN, NAN], [[0.1, 0.2], [0.3, 0.4]], "pos_scores holds 2 NaN or infinite"),
+    ([0.9, 0.5], [[NAN, 0.2], [0.3, 0.4]], "neg_scores holds 1 NaN or infinite"),
+    ([INF, 0.5], [[0.1, 0.2], [0.3, 0.4]], "pos_scores holds 1 NaN or infinite"),
+])
+def test_ranking_refuses_scores_of_a_diverged_model(pos, neg, name):
+    # A NaN compares false with every negative: it would rank first, every query a hit.
+    with pytest.raises(ValueError, match=name):
+        pyg_mgpu.ranking_metrics(torch.tensor(pos), torch.tensor(neg), ks=(1,),
+                                 sum_over_ranks=False)
+
+
+@pytest.mark.parametrize("scores, labels, message", [
+    ([NAN, 0.1, 0.5, 0.2], [1, 0, 1, 0], "scores holds 1 NaN or infinite"),
+    ([0.3, 0.1, -INF, 0.2], [1, 0, 1, 0], "scores holds 1 NaN or infinite"),
+    ([0.3, 0.1, 0.5, 0.2], [2, 0, 2, 0], "labels must be 0 .* or 1 .*; got 2 other value"),
+    ([0.3, 0.1, 0.5, 0.2], [1.0, 0.0, 0.5, 0.0], "got 1 other value.*such as 0.5"),
+])
+def test_auc_refuses_non_finite_scores_and_labels_other_than_0_or_1(scores, labels, message):
+    if "scores" in message:  # as scikit-learn does
+        with pytest.raises(ValueError):
+            roc_auc_score(labels, scores)
+    with pytest.raises(ValueError, match=message):
+        pyg_mgpu.global_auc(torch.tensor(scores), torch.tensor(labels), sum_over_ranks=False)
+
+
+def test_ranking_inputs_of_the_wrong_shape_are_named():
+    with pytest.raises(ValueError, match=r"pos_scores must be \[queries\]"):
+        pyg_mgpu.ranking_metrics(torch.ones(3, 2), torch.ones(6, 4), sum_over_ranks=False)
+    with pytest.raises(ValueError, match="at least one negative each"):
+        pyg_mgpu.ranking_metrics(torch.ones(3), torch.ones(3, 0), sum_over_ranks=False)
+    with pytest.raises(ValueError, match="ks must be positive integers"):
+        pyg_mgpu.ranking_metrics(torch.ones(3), torch.ones(3, 4), ks=(0, 10),
+                                 sum_over_ranks=False)
+    # A decoder's [Q, 1] output is one score per query.
+    pos, neg = torch.tensor([0.9, 0.5]), torch.tensor([[0.1, 0.2], [0.7, 0.5]])
+    assert pyg_mgpu.ranking_metrics(pos[:, None], neg, sum_over_ranks=False) == \
+        pyg_mgpu.ranking_metrics(pos, neg, sum_over_ranks=False)
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_is_refused_on_every_rank():
+    # The checks are summed with the metric, so every rank raises alike and none is left
+    # waiting in a collective.
+    refused = torch.zeros(2, 2, dtype=torch.long).share_memory_()
+    launch_local(_ranks.link_metrics_with_a_nan_on_rank_1, CPU2, args=(refused,))
+    assert refused.tolist() == [[1, 1], [1, 1]]
+
+
 @pytest.mark.slow
 def test_two_ranks_give_the_metrics_of_all_edges_not_a_mean_of_theirs():
     gen = torch.Generator().manual_seed(1)
