@@ -128,7 +128,7 @@ def draw_hop(plan: HopPlan, num_edges: Optional[int], num_drawing: Optional[int]
         elif weights is None:
             drawn = _floyd(big_deg, fanout, generator, offset_type)
         else:
-            drawn = _inverse_cdf(weights.cum_weight, big_start, big_deg, fanout, generator)
+            drawn = _inverse_cdf(weights, big_start, big_deg, fanout, generator)
         slots = big_first + slot.unsqueeze(1)
         drawn.add_(big_start)
     edge.index_copy_(0, slots.view(-1), drawn.view(-1))
@@ -194,20 +194,36 @@ def _floyd_repeats(t: Tensor, j: Tensor) -> Tensor:
     return repeats
 
 
-def _inverse_cdf(cum_weight: Tensor, start: Tensor, deg: Tensor, k: int, generator) -> Tensor:
+def _inverse_cdf(weights: EdgeWeights, start: Tensor, deg: Tensor, k: int,
+                 generator) -> Tensor:
     """``[k, len(deg)]`` offsets drawn independently, each with probability weight / total.
 
-    Inverse CDF over the graph-wide running sum of weights: a node's edges occupy the interval
-    ``(cum[start - 1], cum[start + deg - 1]]`` of it, so one binary search finds each draw.
+    Inverse CDF over each node's own running sum of weights
+    (:func:`~pyg_mgpu.sampling.weighted.run_cumsum`): a draw ``u * total`` takes the first
+    edge whose running sum exceeds it, found by a binary search inside the node's run, all
+    draws in step, by halving powers of two (five passes over the draws a step). On a GPU the
+    step count covers the graph's longest run (no host read); on the CPU the longest run
+    drawn from. ``u < 1`` keeps every draw below the total, so it lands inside the run, and
+    never on a weight-0 edge, across which the running sum is flat.
     """
+    cum = weights.cum_weight
     end = start + deg - 1
-    low = torch.where(start > 0, cum_weight.index_select(0, (start - 1).clamp(min=0)), 0.0)
-    total = cum_weight.index_select(0, end) - low
+    total = cum.index_select(0, end)
     if bool((total <= 0).any()):
         raise ValueError("weighted sampling met a node whose in-edges all have weight 0; give "
                          "its edges positive weights or drop them.")
     u = torch.rand(k, deg.numel(), dtype=torch.float64, device=deg.device, generator=generator)
-    pos = torch.searchsorted(cum_weight, u.mul_(total).add_(low), right=True)
-    # Rounding can land a hair outside the node's interval; zero-weight edges are never hit
-    # from inside it (their interval is empty).
-    return torch.minimum(torch.maximum(pos, start), end).sub_(start)
+    target = u.mul_(total)
+    steps = weights.search_steps
+    if not takes_gpu_path(deg):
+        steps = int(deg.max()).bit_length() if deg.numel() else 0
+    # The last position whose running sum is at most the target (start - 1 for none): it
+    # moves 2^s ahead wherever the sum there still is. Past the run's end the probe stops at
+    # the end, whose sum (the total) exceeds every target, so it never leaves the run.
+    last = (start - 1).expand(k, -1)
+    end = end.expand(k, -1)
+    for s in reversed(range(steps)):
+        probe = torch.minimum(last + (1 << s), end)
+        last = torch.where(cum.index_select(0, probe.reshape(-1)).view_as(probe) <= target,
+                           probe, last)
+    return last.sub(start - 1)
