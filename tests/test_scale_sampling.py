@@ -1,12 +1,14 @@
-"""What weighted samplers build from a graph at scale: draws exact for light nodes after heavy
-ones."""
+"""What weighted and temporal samplers build from a graph at scale: weighted draws exact for
+light nodes after heavy ones, the time order sorted a few runs at a time."""
 import pytest
 import torch
 from scipy.stats import chisquare
 from torch_geometric.data import Data
 
-from pyg_mgpu.sampling import weighted
+from pyg_mgpu.data.csc import CSC
+from pyg_mgpu.sampling import temporal, weighted
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.sampling.sampling_graph import EDGE
 
 
 def random_graph(num_nodes=300, num_edges=3000, seed=0) -> Data:
@@ -85,6 +87,43 @@ def test_inverse_cdf_lands_where_the_running_sum_first_exceeds_the_draw():
         expected = torch.searchsorted(cum, u[:, v] * cum[-1], right=True)
         assert torch.equal(drawn[:, v], expected), v
         assert bool((weight[colptr[v] + drawn[:, v]] > 0).all()), v
+
+
+def test_time_order_sorted_a_few_runs_at_a_time_is_the_same(monkeypatch):
+    # Runs of 0 to 30 edges and one of 200 (longer than a step), tied timestamps.
+    gen = torch.Generator().manual_seed(0)
+    degree = torch.randint(0, 31, (100,), generator=gen)
+    degree[[0, 40, -1]] = torch.tensor([0, 200, 0])
+    colptr = torch.cat([torch.zeros(1, dtype=torch.long), degree.cumsum(0)])
+    num_edges = int(colptr[-1])
+    csc = CSC(colptr=colptr, row=torch.randint(50, (num_edges,), generator=gen,
+                                               dtype=torch.int32),
+              perm=torch.randperm(num_edges, generator=gen).int())
+    node_time = torch.randint(0, 10, (50,), generator=gen)
+    edge_time = torch.randint(0, 10, (num_edges,), generator=gen).float()
+    whole = [temporal.sort_by_time(csc, node_time, None),
+             temporal.sort_by_time(csc, None, edge_time)]
+    monkeypatch.setattr(temporal, "SORT_CHUNK_EDGES", 16)
+    stepped = [temporal.sort_by_time(csc, node_time, None),
+               temporal.sort_by_time(csc, None, edge_time)]
+    for a, b in zip(whole, stepped):
+        assert a.search_steps == b.search_steps == 8
+        assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
+    for v in range(100):  # each run sorted by time, ties in CSC order
+        lo, hi = int(colptr[v]), int(colptr[v + 1])
+        key = node_time[csc.row[lo:hi].long()] * num_edges + torch.arange(hi - lo)
+        order = torch.argsort(key)
+        assert torch.equal(stepped[0].row[lo:hi], csc.row[lo:hi][order])
+        assert torch.equal(stepped[0].perm[lo:hi], csc.perm[lo:hi][order])
+
+
+def test_time_order_of_a_sorted_graph_takes_four_bytes_per_edge_id():
+    # edge_index sorted by destination: the CSC keeps no permutation, the time order does.
+    data = Data(edge_index=torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]]), num_nodes=4,
+                t=torch.tensor([3, 1, 2, 0]))
+    by_time = NeighborSampler(data, [2], time_attr="t").graph.by_time[EDGE]
+    assert by_time.perm.tolist() == [2, 0, 1, 3]
+    assert [t.element_size() for t in by_time.tensors()] == [4, 4, 8]  # row, perm, end_time
 
 
 def test_weights_for_draws_with_replacement_take_eight_bytes_per_edge():

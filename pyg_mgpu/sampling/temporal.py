@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from pyg_mgpu.data.csc import CSC
+from pyg_mgpu.data.csc import CSC, index_dtype
 from pyg_mgpu.gpu_path import takes_gpu_path
 
 STRATEGIES = ("uniform", "last")
@@ -39,8 +39,11 @@ class TemporalCSC:
     end_time: Tensor
     search_steps: int
 
+    def tensors(self) -> list[Tensor]:
+        return [self.row, self.perm, self.end_time]
+
     def share_memory_(self) -> "TemporalCSC":
-        for t in (self.row, self.perm, self.end_time):
+        for t in self.tensors():
             t.share_memory_()
         return self
 
@@ -59,23 +62,62 @@ def time_of(data: Data, time_attr: str) -> tuple[Optional[Tensor], Optional[Tens
                      f"{tuple(value.shape)}.")
 
 
+# Edges per step of sort_by_time on the CPU (whole runs; a longer run is a step of its own):
+# ~100 MB of temporaries whatever the graph's size.
+SORT_CHUNK_EDGES = 1 << 22
+
+
 def sort_by_time(csc: CSC, node_time: Optional[Tensor], edge_time: Optional[Tensor]) -> TemporalCSC:
-    """``csc`` with every destination's run sorted by time (ties keep their order)."""
+    """``csc`` with every destination's run sorted by time (ties keep their order).
+
+    Whole runs are sorted a few million edges at a time (on a GPU, all at once), so the
+    temporaries stay small beside the result: ``row`` and ``perm`` in the CSC's index types
+    and ``end_time`` in the timestamps' type (8 bytes per edge for int64).
+    """
     device = csc.row.device
-    perm = csc.perm if csc.perm is not None else torch.arange(csc.num_edges, device=device)
-    if node_time is not None:
-        time = node_time.to(device).index_select(0, csc.row.long())
-    else:
-        time = edge_time.to(device).index_select(0, perm.long())
+    num_edges = csc.num_edges
+    perm = csc.perm
+    if perm is None:
+        perm = torch.arange(num_edges, dtype=index_dtype(num_edges), device=device)
+    time = node_time if node_time is not None else edge_time
+    time = time.to(device)
+    row = torch.empty_like(csc.row)
+    out_perm = torch.empty_like(perm)
+    end_time = time.new_empty(num_edges + 1)
+    end_time[0] = 0
     degree = csc.colptr.diff()
-    column = torch.repeat_interleave(torch.arange(csc.num_nodes, device=device), degree,
-                                     output_size=csc.num_edges)
-    order = torch.argsort(time, stable=True)
-    order = order.index_select(0, torch.argsort(column.index_select(0, order), stable=True))
     longest = int(degree.max()) if degree.numel() else 0
-    return TemporalCSC(row=csc.row.index_select(0, order), perm=perm.index_select(0, order),
-                       end_time=torch.cat([time.new_zeros(1), time.index_select(0, order)]),
+    chunk = SORT_CHUNK_EDGES if device.type == "cpu" else max(1, num_edges)
+    first = 0
+    while first < csc.num_nodes:
+        lo = int(csc.colptr[first])
+        # The nodes whose runs end within `chunk` edges of lo; at least one.
+        last = int(torch.searchsorted(csc.colptr, lo + chunk, right=True)) - 1
+        last = min(max(last, first + 1), csc.num_nodes)
+        hi = int(csc.colptr[last])
+        if hi > lo:
+            _sort_runs(csc, lo, hi, first, last, node_time is not None, time, perm,
+                       row, out_perm, end_time)
+        first = last
+    return TemporalCSC(row=row, perm=out_perm, end_time=end_time,
                        search_steps=longest.bit_length())
+
+
+def _sort_runs(csc: CSC, lo: int, hi: int, first: int, last: int, by_node: bool,
+               time: Tensor, perm: Tensor, row: Tensor, out_perm: Tensor,
+               end_time: Tensor) -> None:
+    """Writes positions ``lo:hi`` (the runs of nodes ``first:last``) of the time order."""
+    device = row.device
+    src, ids = csc.row[lo:hi], perm[lo:hi]
+    t = time.index_select(0, (src if by_node else ids).long())
+    degree = csc.colptr[first:last + 1].diff()
+    column = torch.repeat_interleave(torch.arange(last - first, device=device), degree,
+                                     output_size=hi - lo)
+    order = torch.argsort(t, stable=True)
+    order = order.index_select(0, torch.argsort(column.index_select(0, order), stable=True))
+    row[lo:hi] = src.index_select(0, order)
+    out_perm[lo:hi] = ids.index_select(0, order)
+    end_time[lo + 1:hi + 1] = t.index_select(0, order)
 
 
 def eligible_ends(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor) -> Tensor:
