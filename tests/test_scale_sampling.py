@@ -1,14 +1,18 @@
-"""What weighted and temporal samplers build from a graph at scale: weighted draws exact for
-light nodes after heavy ones, the time order sorted a few runs at a time."""
+"""What weighted and temporal samplers build from a graph at scale: built once per graph and
+shared (as its CSC is), and weighted draws exact for light nodes after heavy ones."""
+import pickle
+
 import pytest
 import torch
 from scipy.stats import chisquare
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.sampler import NodeSamplerInput
 
-from pyg_mgpu.data.csc import CSC
+from pyg_mgpu.data.csc import CSC, csc_of
+from pyg_mgpu.distributed.launch import spawn
 from pyg_mgpu.sampling import temporal, weighted
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
-from pyg_mgpu.sampling.sampling_graph import EDGE
+from pyg_mgpu.sampling.sampling_graph import EDGE, share_sampling
 
 
 def random_graph(num_nodes=300, num_edges=3000, seed=0) -> Data:
@@ -87,6 +91,119 @@ def test_inverse_cdf_lands_where_the_running_sum_first_exceeds_the_draw():
         expected = torch.searchsorted(cum, u[:, v] * cum[-1], right=True)
         assert torch.equal(drawn[:, v], expected), v
         assert bool((weight[colptr[v] + drawn[:, v]] > 0).all()), v
+
+
+def test_time_order_and_weights_are_built_once_per_graph():
+    data = random_graph()
+    train = NeighborSampler(data, [5, 5], time_attr="t")
+    evaluate = NeighborSampler(data, [-1], time_attr="t")
+    assert train.graph.by_time[EDGE] is evaluate.graph.by_time[EDGE]
+    by_edge = NeighborSampler(data, [3], time_attr="edge_t")
+    assert by_edge.graph.by_time[EDGE] is not train.graph.by_time[EDGE]
+    assert NeighborSampler(data, [3], time_attr="t").graph.by_time[EDGE] is \
+        train.graph.by_time[EDGE], "another time attribute's order replaced the first"
+    for replace in (False, True):
+        a = NeighborSampler(data, [5, 5], weight_attr="w", replace=replace)
+        b = NeighborSampler(data, [2], weight_attr="w", replace=replace)
+        assert a.weights is b.weights
+    assert NeighborSampler(data, [2], weight_attr="w").weights is not b.weights
+
+
+def test_hetero_time_order_and_weights_are_built_once_per_edge_type():
+    data = HeteroData()
+    data["a"].num_nodes, data["b"].num_nodes = 30, 20
+    data["a"].t, data["b"].t = torch.arange(30), torch.arange(20)
+    gen = torch.Generator().manual_seed(0)
+    data["a", "x", "b"].edge_index = torch.stack([torch.randint(30, (200,), generator=gen),
+                                                  torch.randint(20, (200,), generator=gen)])
+    data["a", "x", "b"].w = torch.rand(200, generator=gen)
+    first, second = (NeighborSampler(data, [3, 2], time_attr="t") for _ in range(2))
+    assert first.graph.by_time[("a", "x", "b")] is second.graph.by_time[("a", "x", "b")]
+    first, second = (NeighborSampler(data, [3], weight_attr="w") for _ in range(2))
+    assert first.graph.weights[("a", "x", "b")] is second.graph.weights[("a", "x", "b")]
+
+
+def test_replaced_times_weights_and_edges_are_built_again():
+    data = random_graph()
+    old_order = NeighborSampler(data, [3], time_attr="t").graph.by_time[EDGE]
+    old_weights = NeighborSampler(data, [3], weight_attr="w", replace=True).weights
+    data.t = torch.full_like(data.t, 1000)  # every neighbour later than every seed's own time
+    data.t[:10] = 0
+    data.w = torch.zeros_like(data.w)
+    data.w[data.edge_index[0] == 3] = 1.0  # only node 3's out-edges weigh
+    sampler = NeighborSampler(data, [3], time_attr="t")
+    assert sampler.graph.by_time[EDGE] is not old_order
+    out = sampler.sample_from_nodes(NodeSamplerInput(None, torch.arange(10)))
+    assert bool((out.node < 10).all()), "the old timestamps were used"
+    sampler = NeighborSampler(data, [3], weight_attr="w", replace=True)
+    assert sampler.weights is not old_weights
+    has_node_3 = torch.unique(data.edge_index[1, data.edge_index[0] == 3])
+    out = sampler.sample(has_node_3)
+    assert set(out.node[out.row].tolist()) == {3}, "the old weights were used"
+    data.edge_index = data.edge_index.flip(0)
+    assert NeighborSampler(data, [3], time_attr="t").graph.by_time[EDGE] is not \
+        sampler.graph.by_time.get(EDGE)
+    assert NeighborSampler(data, [3], weight_attr="w", replace=True).weights is not \
+        sampler.weights
+
+
+def test_a_rank_reads_the_time_order_and_weights_it_received():
+    data = random_graph()
+    share_sampling(data, time_attr="t")
+    share_sampling(data, weight_attr="w", replace=True)
+    clone = pickle.loads(pickle.dumps(data))  # as a rank receives it
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("built again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(temporal, "sort_by_time", refuse)
+        patch.setattr(weighted, "run_cumsum", refuse)
+        patch.setattr("pyg_mgpu.sampling.sampling_graph.edge_weights", refuse)
+        NeighborSampler(clone, [3], time_attr="t")
+        NeighborSampler(clone, [3], weight_attr="w", replace=True)
+    batch = NeighborSampler(data, [3], time_attr="t", seed=0).sample_from_nodes(
+        NodeSamplerInput(None, torch.arange(20)))
+    again = NeighborSampler(clone, [3], time_attr="t", seed=0).sample_from_nodes(
+        NodeSamplerInput(None, torch.arange(20)))
+    assert torch.equal(batch.node, again.node) and torch.equal(batch.edge, again.edge)
+
+
+def test_share_sampling_moves_what_samplers_read_to_shared_memory():
+    data = random_graph()
+    share_sampling(data, time_attr="t")
+    share_sampling(data, weight_attr="w", replace=False)
+    share_sampling(data, weight_attr="w", replace=True, sample_direction="backward")
+    tensors = [*NeighborSampler(data, [3], time_attr="t").graph.by_time[EDGE].tensors(),
+               *NeighborSampler(data, [3], weight_attr="w").weights.tensors(),
+               *NeighborSampler(data, [3], weight_attr="w", replace=True,
+                                sample_direction="backward").weights.tensors()]
+    assert len(tensors) == 6 and all(t.is_shared() for t in tensors)
+    assert data.t.is_shared() and csc_of(data).is_shared()
+
+
+def check_received_sampling_forms(ctx, data, result):
+    """Records whether a rank's samplers read the parent's shared time order and weights
+    (what a rank builds itself is in its private memory)."""
+    with pytest.MonkeyPatch.context() as patch:
+        def refuse(*args, **kwargs):
+            raise AssertionError("built again in a rank")
+        patch.setattr(temporal, "sort_by_time", refuse)
+        patch.setattr("pyg_mgpu.sampling.sampling_graph.edge_weights", refuse)
+        by_time = NeighborSampler(data, [3], time_attr="t").graph.by_time[EDGE]
+        weights = NeighborSampler(data, [3], weight_attr="w", replace=True).weights
+    result[ctx.rank] = torch.tensor([all(t.is_shared() for t in by_time.tensors()),
+                                     all(t.is_shared() for t in weights.tensors())])
+
+
+@pytest.mark.slow
+def test_spawned_ranks_map_the_time_order_and_weights_built_in_the_parent():
+    data = random_graph()
+    NeighborSampler(data, [3], time_attr="t")  # a loader built in the parent builds them
+    share_sampling(data, weight_attr="w", replace=True)
+    result = torch.zeros(2, 2, dtype=torch.bool)
+    spawn(check_received_sampling_forms, args=(data, result), devices="cpu", nprocs=2)
+    assert result.all(), f"(time order shared, weights shared) per rank: {result.tolist()}"
 
 
 def test_time_order_sorted_a_few_runs_at_a_time_is_the_same(monkeypatch):

@@ -274,4 +274,8 @@ def share_data(data: Data | HeteroData) -> Data | HeteroData:
     for csc in cscs:
         if not csc.row.is_cuda:
             csc.share_memory_()
+            # What the samplers built from it and keep with it (``derived``, e.g. the time
+            # order and the weights' forms: pyg_mgpu.sampling.sampling_graph.derived).
+            for structure in getattr(csc, "derived", {}).values():
+                structure.share_memory_()
     return data

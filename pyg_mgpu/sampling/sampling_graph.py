@@ -10,13 +10,13 @@ edge types (:attr:`SamplingGraph.original`).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 
-from pyg_mgpu.data.csc import CSC, csc_of, edge_type_csc
+from pyg_mgpu.data.csc import CSC, csc_of, edge_type_csc, share_data
 from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.numbering import lookup_type, unseen
 from pyg_mgpu.sampling.weighted import EdgeWeights, edge_weights
@@ -33,7 +33,7 @@ class SamplingGraph:
 
     def __init__(self, node_types: list, edge_types: list, num_nodes: dict, csc: dict,
                  weights: dict, node_time: Optional[dict], edge_time: Optional[dict], *,
-                 backward: bool, share_memory: bool):
+                 backward: bool, share_memory: bool, time_attr: Optional[str] = None):
         self.node_types = list(node_types)
         self.num_nodes = num_nodes
         self.node_time, self.edge_time = node_time, edge_time
@@ -44,20 +44,23 @@ class SamplingGraph:
         self.csc = {walked: csc[et] for walked, et in self.original.items()}
         self.weights = {walked: weights.get(et) for walked, et in self.original.items()}
         # Temporal: each edge type whose sources (or edges) have timestamps gets its sources
-        # and edge ids sorted by time in every run; the others are drawn from unbounded.
+        # and edge ids sorted by time in every run (built once per CSC and time tensor); the
+        # others are drawn from unbounded.
         self.by_time: dict[tuple, temporal.TemporalCSC] = {}
         for walked, et in self.original.items():
             src_time = (node_time or {}).get(walked[0])
             e_time = (edge_time or {}).get(et)
             if src_time is not None or e_time is not None:
-                self.by_time[walked] = temporal.sort_by_time(self.csc[walked], src_time, e_time)
+                self.by_time[walked] = time_order(self.csc[walked], src_time, e_time,
+                                                  time_attr)
         self.row = {walked: (self.by_time[walked].row if walked in self.by_time else c.row)
                     for walked, c in self.csc.items()}
         self.perm = {et: (self.by_time[walked].perm if walked in self.by_time
                           else self.csc[walked].perm) for walked, et in self.original.items()}
         if share_memory:
-            for c in [*self.csc.values(), *self.by_time.values()]:
-                if not c.row.is_cuda:
+            for c in [*self.csc.values(), *self.by_time.values(),
+                      *(w for w in self.weights.values() if w is not None)]:
+                if not c.tensors()[0].is_cuda:
                     c.share_memory_()
         # Floyd's offsets are below a degree: int32 holds them whenever the edge count does.
         self.offset_type = {et: torch.int32 if c.row.numel() < 2**31 else torch.int64
@@ -122,7 +125,7 @@ def from_data(data: Data, *, is_sorted: bool, share_memory: bool, weight_attr: O
     return SamplingGraph([NODE], [EDGE], {NODE: num_nodes}, {EDGE: csc}, {EDGE: weights},
                          None if node_time is None else {NODE: node_time},
                          None if edge_time is None else {EDGE: edge_time},
-                         backward=backward, share_memory=share_memory)
+                         backward=backward, share_memory=share_memory, time_attr=time_attr)
 
 
 def from_hetero(data, *, is_sorted: bool, share_memory: bool, weight_attr: Optional[str],
@@ -146,13 +149,53 @@ def from_hetero(data, *, is_sorted: bool, share_memory: bool, weight_attr: Optio
         if time_attr is not None:
             node_time, edge_time = hetero_time(data, time_attr)
     return SamplingGraph(node_types, edge_types, num_nodes, csc, weights, node_time, edge_time,
-                         backward=backward, share_memory=share_memory)
+                         backward=backward, share_memory=share_memory, time_attr=time_attr)
+
+
+def share_sampling(data: Data | HeteroData, *, time_attr: Optional[str] = None,
+                   weight_attr: Optional[str] = None, replace: bool = False,
+                   sample_direction: str = "forward") -> Data | HeteroData:
+    """Builds once what samplers over ``data`` with these options read, and moves it, with
+    every tensor of ``data``, to shared memory: the CSC (one per edge type), and, with
+    ``time_attr``, each run sorted by time, with ``weight_attr``, the weights' forms for
+    draws with (``replace``) or without replacement.
+
+    They are kept with ``data`` (:func:`derived`), so every later sampler over it reads these
+    copies: call it in the parent before :func:`pyg_mgpu.spawn` (which shares the CSC, and
+    what is already built with it, but cannot build these) and every rank maps the same pages
+    instead of building its own. A ``NeighborLoader`` built in the parent before ``spawn``
+    builds them too.
+
+    Example:
+        In the parent, before starting the ranks (``pyg_mgpu.spawn(train, args=(data,))``):
+
+        >>> from torch_geometric.data import Data
+        >>> from pyg_mgpu.sampling.sampling_graph import share_sampling
+        >>> data = Data(edge_index=torch.tensor([[1, 2, 0], [0, 0, 1]]), t=torch.arange(3),
+        ...             num_nodes=3)
+        >>> data = share_sampling(data, time_attr="t")
+        >>> data.t.is_shared()
+        True
+    """
+    if sample_direction not in ("forward", "backward"):
+        raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
+                         f"{sample_direction!r}.")
+    if not isinstance(data, (Data, HeteroData)):
+        raise TypeError(f"share_sampling shares a Data or a HeteroData, got "
+                        f"{type(data).__name__}.")
+    if time_attr is not None and sample_direction == "backward":  # as NeighborSampler
+        raise NotImplementedError("Temporal Sampling not yet supported for backward sampling")
+    build = from_hetero if isinstance(data, HeteroData) else from_data
+    build(data, is_sorted=False, share_memory=True, weight_attr=weight_attr,
+          replace=replace, time_attr=time_attr, backward=sample_direction == "backward")
+    return share_data(data)
 
 
 def csc_weights(data, weight_attr: Optional[str], csc: CSC,
                 replace: bool) -> Optional[EdgeWeights]:
     """The sampling weights in CSC order, in the forms the draws read (for draws with
-    replacement a float64 running sum, 8 bytes per edge: only built when needed)."""
+    replacement a float64 running sum per run, 8 bytes per edge: only built when needed),
+    built once per CSC and weight tensor (:func:`derived`)."""
     if weight_attr is None:
         return None
     if weight_attr not in data or not isinstance(data[weight_attr], Tensor):
@@ -161,6 +204,11 @@ def csc_weights(data, weight_attr: Optional[str], csc: CSC,
     if weight.dim() != 1 or weight.numel() != csc.num_edges:
         raise ValueError(f"weight_attr={weight_attr!r} must hold one weight per edge, shape "
                          f"[{csc.num_edges}], got {tuple(weight.shape)}.")
+    return derived(csc, ("weights", weight_attr, replace), (weight,),
+                   lambda: _edge_weights(weight, weight_attr, csc, replace))
+
+
+def _edge_weights(weight: Tensor, weight_attr: str, csc: CSC, replace: bool) -> EdgeWeights:
     weight = weight.float()  # the keys of weighted draws are float32
     if bool((weight < 0).any()) or not bool(torch.isfinite(weight).all()):
         raise ValueError(f"weight_attr={weight_attr!r} holds negative or non-finite weights; "
@@ -169,6 +217,55 @@ def csc_weights(data, weight_attr: Optional[str], csc: CSC,
     if csc.perm is not None:
         weight = weight.index_select(0, csc.perm)
     return edge_weights(weight, csc.colptr, replace)
+
+
+def time_order(csc: CSC, node_time: Optional[Tensor], edge_time: Optional[Tensor],
+               time_attr: Optional[str] = None) -> temporal.TemporalCSC:
+    """``csc``'s runs sorted by the sources' (``node_time``) or the edges' (``edge_time``)
+    timestamps (:func:`~.temporal.sort_by_time`), built once per CSC and time tensor
+    (:func:`derived`)."""
+    kind, time = ("node", node_time) if node_time is not None else ("edge", edge_time)
+    return derived(csc, ("time order", time_attr, kind), (time,),
+                   lambda: temporal.sort_by_time(csc, node_time, edge_time))
+
+
+class Derived(NamedTuple):
+    """A structure built from a CSC and other ``inputs``, kept with the CSC (:func:`derived`)."""
+    inputs: tuple
+    value: Any
+
+    def share_memory_(self) -> "Derived":
+        """Moves ``value``'s tensors to shared memory (what :func:`~pyg_mgpu.data.csc.share_data`
+        calls on each structure in a CSC's :data:`DERIVED`)."""
+        self.value.share_memory_()
+        return self
+
+
+DERIVED = "derived"
+"""The attribute of a :class:`~pyg_mgpu.data.csc.CSC` that holds what the samplers build from
+it: ``{key: Derived}``."""
+
+
+def derived(csc: CSC, key: tuple, inputs: tuple, build: Callable[[], Any]) -> Any:
+    """What ``build`` makes from ``csc`` and ``inputs`` (tensors), built once and kept with
+    ``csc`` under ``key``, until one of ``inputs`` is replaced.
+
+    Kept with the CSC, it goes wherever the CSC goes: every sampler over the same ``Data``
+    (train and evaluation loaders) reads one copy, :func:`~pyg_mgpu.data.csc.share_data`
+    moves it to shared memory with the CSC, so spawned ranks map the parent's pages, and
+    batches drop it with the CSC. A new ``edge_index`` means a new CSC, and so a new build;
+    a time or weight tensor replaced since (compared by identity, as the CSC's
+    ``edge_index``) is built again. An input changed in place is not seen.
+    """
+    forms = csc.__dict__.setdefault(DERIVED, {})
+    entry = forms.get(key)
+    if entry is not None and len(entry.inputs) == len(inputs) and all(
+            a is b for a, b in zip(entry.inputs, inputs)):
+        return entry.value
+    forms.pop(key, None)  # the stale one is freed before its successor is built
+    value = build()
+    forms[key] = Derived(inputs, value)
+    return value
 
 
 def hetero_time(data: HeteroData, time_attr: str) -> tuple[Optional[dict], Optional[dict]]:
