@@ -151,7 +151,9 @@ def build_parser(prog: str = "python -m pyg_mgpu.distributed_sampling",
                          help="auto, cpu, cuda or cuda:0,1,... (cuda:0,0: two ranks on GPU 0, "
                               "with --backend gloo)")
     devices.add_argument("--nprocs", type=int, default=d.nprocs,
-                         help="number of ranks (CPU ranks default to 2)")
+                         help="number of ranks (CPU ranks default to 2; more CPU ranks than "
+                              "cores train no faster and get a warning with the memory they "
+                              "take; more than 4 per core are refused)")
     devices.add_argument("--backend", choices=BACKENDS, default=d.backend,
                          help="process-group backend: auto = NCCL on GPU ranks, gloo on CPU "
                               "ranks; gloo on GPUs lets several ranks share one GPU (NCCL "
@@ -292,8 +294,8 @@ def run(cfg) -> Path:
 def _start(cfg, out: Optional[Path]) -> Path:
     """The run in a claimed ``out``; under torchrun (``out`` None) as one rank of the job."""
     from pyg_mgpu.data.fingerprint import data_fingerprint
-    from pyg_mgpu.distributed.devices import (launched_by_torchrun, resolve_devices,
-                                              torchrun_device)
+    from pyg_mgpu.distributed.devices import (RANKS_PER_CORE_LIMIT, launched_by_torchrun,
+                                              resolve_devices, torchrun_device)
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
     from pyg_mgpu.distributed.launch import launch_local
     from pyg_mgpu.sampling.sharding import check_shardable
@@ -305,7 +307,8 @@ def _start(cfg, out: Optional[Path]) -> Path:
         warnings.simplefilter("always")
         devices = ([torchrun_device(cfg.ranks.devices, int(os.environ.get("LOCAL_RANK", 0)),
                                     cfg.ranks.backend)] if torchrun else
-                   resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs, cfg.ranks.backend))
+                   resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs, cfg.ranks.backend,
+                                   max_per_core=RANKS_PER_CORE_LIMIT))
     if int(os.environ.get("RANK", 0)) == 0:  # a torchrun job's ranks would each say it
         for notice in [str(n.message) for n in notices] + cfg.ignored_flags(devices[0].type):
             print(f"warning: {notice}", file=sys.stderr)

@@ -39,13 +39,33 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def resolve_devices(devices: str, nprocs: int | None,
-                    backend: str = "auto") -> list[torch.device]:
+RANK_MEMORY_GB = 0.3
+"""A CPU rank's memory of its own before its batches: its interpreter with torch and PyG, gloo,
+the allocator's pools (docs/benchmarks.md, "Memory": about 290 MB of PSS per rank). The shared
+graph comes on top, once for all ranks."""
+
+RANKS_PER_CORE_LIMIT = 4
+"""The most CPU ranks per usable core the training and benchmark commands start. Ranks beyond
+the cores take turns on them, so they train no faster, while each costs a process's memory,
+its start-up, and its share of every stop."""
+
+
+def cpu_ranks_memory(ranks: int) -> str:
+    """What ``ranks`` CPU ranks take of memory of their own, in words, said to be an
+    estimate."""
+    return (f"about {ranks * RANK_MEMORY_GB:.1f} GB of memory (an estimate: "
+            f"{RANK_MEMORY_GB} GB a rank before its batches, and the shared graph once)")
+
+
+def resolve_devices(devices: str, nprocs: int | None, backend: str = "auto", *,
+                    max_per_core: int | None = None) -> list[torch.device]:
     """Turns ``devices``/``nprocs`` into one device per rank.
 
     ``auto``: every visible GPU, or ``nprocs`` (default 2) CPU ranks without CUDA.
     ``cpu``: ``nprocs`` CPU ranks (default 2). ``cuda`` or ``cuda:0,1``: those GPUs.
     A GPU listed twice (``cuda:0,0``: two ranks sharing GPU 0) needs ``backend="gloo"``.
+    More CPU ranks than usable cores get a warning with the memory they take; more than
+    ``max_per_core`` per core (None: no limit) are refused.
     """
     if (backend or "auto").strip().lower() not in BACKENDS:
         raise ArgumentError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}.")
@@ -60,10 +80,17 @@ def resolve_devices(devices: str, nprocs: int | None,
         ranks = nprocs or 2
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else os.cpu_count() or 1
+        if max_per_core is not None and ranks > max_per_core * cores:
+            raise ArgumentError(
+                f"{{nprocs={ranks}}}: more than {max_per_core} CPU ranks per core ({cores} "
+                f"core(s) here: at most {max_per_core * cores}). Ranks beyond the cores only "
+                f"take turns on them, and {ranks} would take {cpu_ranks_memory(ranks)}; "
+                f"use {{nprocs={cores}}} (one per core) for the fastest epochs.")
         if ranks > cores:
-            warnings.warn(f"{ranks} CPU ranks on {cores} core(s): each rank is a process with "
-                          "a runtime of its own, so ranks beyond the cores only take turns, "
-                          f"and take memory; up to {cores} train as fast.", stacklevel=2)
+            warnings.warn(f"{ranks} CPU ranks on {cores} core(s): ranks beyond the cores only "
+                          f"take turns on them, and each is a process of its own: "
+                          f"{cpu_ranks_memory(ranks)}; up to {cores} train as fast.",
+                          stacklevel=2)
         return [torch.device("cpu")] * ranks
     if not spec.startswith("cuda"):
         raise ArgumentError(f"{{devices}} must be auto, cpu, cuda or cuda:0,1,...; got "
