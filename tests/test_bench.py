@@ -47,6 +47,29 @@ def test_rank_count_defaults_to_two_cpu_ranks_or_every_visible_gpu(tmp_path, mon
                               "--out", str(tmp_path)]) == 2
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "0"], "error: --batch-size must be a positive integer, got 0."),
+    (["--sampler-only", "--batches", "0"], "error: --batches must be a positive number"),
+    (["--num-nodes", "5"], "error: synthetic graph too small: 5 nodes"),
+    (["--fanout", "5,x"], "error: --fanout takes comma-separated integers such as 25,10"),
+    (["--epochs", "0"], "error: --epochs must be a positive integer"),
+    (["--systems", "pyg_mgpu,nope"], "error: --systems pyg_mgpu,nope: unknown system 'nope'"),
+    (["--sampler-only", "--batch-size", "5000"], "use more nodes than --batch-size"),
+    (["--step-costs"], "error: --step-costs measures 32 batches (with --sample-batches 8)"),
+    (["--devices", "cpu", "--nprocs", "9999"], "error: --nprocs 9999: more than 4 CPU ranks"),
+])
+def test_every_flag_is_checked_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
+    def work(*args, **kwargs):
+        raise AssertionError("work started before every flag was checked")
+    for name in ("synthetic_graph", "count_steps", "run_sampler_bench", "_run"):
+        monkeypatch.setattr(bench, name, work)
+    assert bench.main(TINY + argv + ["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 

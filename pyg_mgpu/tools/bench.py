@@ -46,13 +46,13 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.distributed.devices import resolve_devices
+from pyg_mgpu.distributed.devices import RANKS_PER_CORE_LIMIT, resolve_devices
 from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 from pyg_mgpu.tools.sampler_bench import run_sampler_bench, synthetic_graph
-from pyg_mgpu.tools.step_costs import count_steps, format_step_costs
+from pyg_mgpu.tools.step_costs import batches_needed, count_steps, format_step_costs
 from pyg_mgpu.train.loaders import BATCHES_PER_WALK
-from pyg_mgpu.train.config import in_flags
+from pyg_mgpu.train.config import TrainConfig, in_flags
 
 SYSTEMS = ("pyg_mgpu", "pyg_mgpu_bf16", "pyg_mgpu_cuda_graph", "pyg_mgpu_graph_on_host",
            "pyg_mgpu_one_batch_per_walk",
@@ -121,6 +121,59 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args) -> None:
+    """Every flag, before anything is generated or run, in the training command's words where
+    it has the same flag; sets ``args.nprocs`` to the rank count every system gets.
+
+    Raises:
+        ValueError: naming the flag and what it takes.
+    """
+    import torch
+
+    from pyg_mgpu.data.synthetic import SyntheticSpec
+
+    if args.baseline and (args.step_costs or args.sampler_only):
+        raise ValueError("--baseline compares training runs; drop it with --step-costs or "
+                         "--sampler-only.")
+    try:
+        fanout = tuple(int(k) for k in args.fanout.split(","))
+    except ValueError:
+        raise ValueError(f"--fanout takes comma-separated integers such as 25,10, got "
+                         f"{args.fanout!r}.") from None
+    TrainConfig.from_flags(num_nodes=args.num_nodes, num_edges=args.num_edges,
+                           num_features=args.num_features, num_classes=args.num_classes,
+                           fanout=fanout, batch_size=args.batch_size, hidden=args.hidden,
+                           epochs=args.epochs, num_workers=args.num_workers,
+                           sample_batches=args.sample_batches, seed=args.seed)
+    spec = SyntheticSpec(num_nodes=args.num_nodes, num_edges=args.num_edges,
+                         num_features=args.num_features, num_classes=args.num_classes)
+    if args.batches < 1:
+        raise ValueError(f"--batches must be a positive number of batches, got {args.batches}.")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        what = f"unknown system {unknown[0]!r}" if unknown else "no system named"
+        raise ValueError(f"--systems {args.systems}: {what}; choose from {', '.join(SYSTEMS)}.")
+    if args.sampler_only and args.sampler_device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--sampler-device cuda needs a GPU that CUDA can see.")
+    if args.sampler_only and args.num_nodes <= args.batch_size:
+        raise ValueError(f"--sampler-only times the batches after a warm-up one: --num-nodes "
+                         f"{args.num_nodes} make one batch of --batch-size {args.batch_size}; "
+                         "use more nodes than --batch-size.")
+    if args.step_costs:
+        # The training split of the synthetic graph, as make_synthetic draws it.
+        batches = -(-max(1, int(spec.train_fraction * args.num_nodes)) // args.batch_size)
+        needed = batches_needed(args.sample_batches)
+        if batches < needed:
+            raise ValueError(f"--step-costs measures {needed} batches (with --sample-batches "
+                             f"{args.sample_batches}), but the {args.num_nodes} nodes' training "
+                             f"half makes {batches} of --batch-size {args.batch_size}; use more "
+                             "--num-nodes, or a smaller --batch-size or --sample-batches.")
+    # One rank count for every system, DGL's included.
+    args.nprocs = len(resolve_devices(args.devices, args.nprocs,
+                                      max_per_core=RANKS_PER_CORE_LIMIT))
+
+
 def _graph_flags(args) -> list[str]:
     return ["--num-nodes", str(args.num_nodes), "--num-edges", str(args.num_edges),
             "--num-features", str(args.num_features), "--num-classes", str(args.num_classes)]
@@ -144,6 +197,9 @@ def _steady_gpu_busy(metrics: dict) -> Optional[float]:
 
 
 def _run_pyg_mgpu(system: str, args, out: Path, package_root: Optional[Path] = None) -> dict:
+    # A bench repeated in the same --out runs each system afresh (also a revision's package
+    # from before --overwrite, which this removal serves as well).
+    (out / "checkpoint.pt").unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pyg_mgpu.distributed_sampling", *_graph_flags(args),
            "--fanout", args.fanout, "--batch-size", str(args.batch_size),
            "--hidden", str(args.hidden), "--devices", args.devices, "--nprocs", str(args.nprocs),
@@ -235,8 +291,6 @@ def run_training_bench(args, out: Path) -> dict:
         if args.baseline and system == baseline:
             results[system] = _run_pyg_mgpu("pyg_mgpu", args, out / "baseline", source)
             continue
-        if system not in SYSTEMS:
-            raise SystemExit(f"error: unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
         if system == "pyg_recipe" and not pyg_sampler_available():
             results[system] = {"skipped": "needs pyg-lib or torch-sparse (docs/benchmarks.md)"}
         elif system == "dgl":
@@ -275,17 +329,17 @@ def format_training(results: dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.baseline and (args.step_costs or args.sampler_only):
-        print("error: --baseline compares training runs; drop it with --step-costs or "
-              "--sampler-only", file=sys.stderr)
-        return 2
-    try:  # one rank count for every system, DGL's included
-        args.nprocs = len(resolve_devices(args.devices, args.nprocs))
+    out = Path(args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        check_args(args)
+        out.mkdir(parents=True, exist_ok=True)
     except ValueError as err:
         print(f"error: {in_flags(err)}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"error: --out {out}: cannot write there ({err.strerror}); choose a writable "
+              "folder.", file=sys.stderr)
+        return 2
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     if args.step_costs:
         graph = synthetic_graph(args)

@@ -123,8 +123,18 @@ class OpCounter(TorchDispatchMode):
         return self
 
 
+MEASURED_STEPS = 3
+"""Measurements :func:`count_steps` takes by default, after one warm-up."""
+
+
+def batches_needed(sample_batches: int, steps: int = MEASURED_STEPS) -> int:
+    """The training batches :func:`count_steps` draws: a warm-up and ``steps`` measurements,
+    each a walk of ``sample_batches``."""
+    return sample_batches * (steps + 1)
+
+
 def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: int = 256,
-                steps: int = 3, seed: int = 0, gpu_path: bool = True,
+                steps: int = MEASURED_STEPS, seed: int = 0, gpu_path: bool = True,
                 sample_batches: int = 1, cuda_graph: bool = False) -> dict:
     """Per stage, the kernel ops, views and host syncs of a training step of the CLI's
     GraphSAGE on ``graph`` (a ``ConvertedGraph``), on the GPU's path unless ``gpu_path`` is
@@ -155,9 +165,9 @@ def count_steps(graph, *, fanout=(15, 10, 5), batch_size: int = 1024, hidden: in
     loader = make_loader(graph, graph.train_idx, fanout=fanout, sampler="native", seed=seed,
                          batch_size=batch_size, rank=0, world_size=1, sample_batches=k)
     loader.set_epoch(0)
-    if len(loader) < k * (steps + 1):
+    if len(loader) < batches_needed(k, steps):
         raise ValueError(f"{len(loader)} batches of {batch_size} training nodes are fewer than "
-                         f"the {k * (steps + 1)} this count needs; use a bigger graph.")
+                         f"the {batches_needed(k, steps)} this count needs; use a bigger graph.")
     model = build_model("sage", graph.num_features, hidden, graph.num_classes, len(fanout),
                         0.5, sparse_aggregation=True, fast_dropout=True)
     # The fused Adam that the trainer uses on GPUs (the multi-tensor one off the GPU's path).
