@@ -72,6 +72,10 @@ def test_cli_rank_killed_mid_epoch_ends_the_job(tmp_path):
         assert wait_until_gone(children, timeout_s=5) == [], "rank processes outlived the job"
         assert group_members(job.pid) == [], "processes of the job outlived it"
         assert not (tmp_path / "run" / "metrics.json").exists()
+        # The error is the last line, also once the resource tracker (a child, gone now) has
+        # unlinked the semaphores the killed ranks could not.
+        log = stderr.read_text(errors="replace")
+        assert log.rstrip().splitlines()[-1] == errors[-1], log[-3000:]
 
 
 def test_cli_parent_terminated_takes_its_ranks_along(tmp_path):

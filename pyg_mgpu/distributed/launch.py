@@ -32,7 +32,7 @@ from pyg_mgpu.distributed.devices import (
 )
 from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
 from pyg_mgpu.distributed.process_group import process_group, torchrun_process_group
-from pyg_mgpu.distributed.reports import new_report_dir, reported
+from pyg_mgpu.distributed.reports import exit_stopped, new_report_dir, reported
 from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S
 from pyg_mgpu.distributed.watch import LauncherSignals, raise_for, watch_ranks
 
@@ -56,6 +56,8 @@ def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_m
             with reported(report_dir, rank):
                 fn(ctx, *args)
                 Path(report_dir, f"done{rank}").touch()
+    if stop.requested():  # reported, out of the group: the job is ending, end promptly
+        exit_stopped()
 
 
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
@@ -82,7 +84,7 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
         with LauncherSignals(grace_s) as signals:
-            stop.start_resource_tracker_deaf_to_hangups()
+            stop.start_resource_tracker()
             context = mp.start_processes(
                 _rank_entry, args=(fn, list(devices), init_method, timeout_s, report_dir,
                                    tune_allocator, args, backend, grace_s, os.getpid()),

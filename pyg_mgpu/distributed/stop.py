@@ -121,19 +121,34 @@ def handled_signals() -> tuple:
                          signal.getsignal(signum) == signal.SIG_IGN))
 
 
-def start_resource_tracker_deaf_to_hangups() -> None:
-    """Starts multiprocessing's resource tracker, which every spawned rank shares, with SIGHUP
-    blocked. It ignores SIGINT and SIGTERM itself, but a SIGHUP to the job's process group (a
-    closed terminal) killed it, and each rank relaunched its own with a warning and a
-    ``KeyError`` traceback before the job's one ``error:`` line. A signal mask survives exec, and
-    a SIGHUP that reaches this process meanwhile waits, blocked, rather than being lost."""
+def start_resource_tracker() -> None:
+    """Starts multiprocessing's resource tracker, which every spawned rank shares, deaf to
+    hangups and quiet about what killed ranks left it to clean up.
+
+    It ignores SIGINT and SIGTERM itself, but a SIGHUP to the job's process group (a closed
+    terminal) killed it, and each rank relaunched its own with a warning and a ``KeyError``
+    traceback before the job's one ``error:`` line: so it starts with SIGHUP blocked (a signal
+    mask survives exec, and a SIGHUP that reaches this process meanwhile waits, blocked,
+    rather than being lost). A rank killed outright (SIGKILL, or its peers killed after it
+    failed) cannot unregister its semaphores (tqdm's lock, DataLoader queues); the tracker
+    unlinks them when the job ends, as it should, but also warned "There appear to be N
+    leaked semaphore objects" after the error line: its warnings are ignored (its
+    environment's ``PYTHONWARNINGS``), not its cleanup. A no-op if it runs already.
+    """
     from multiprocessing import resource_tracker
 
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    before_env = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before_env, quiet]))
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
-        resource_tracker.ensure_running()  # a no-op if it runs already
+        resource_tracker.ensure_running()  # started with this environment and mask
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        if before_env is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = before_env
 
 
 def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S,
