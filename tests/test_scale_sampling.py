@@ -1,5 +1,6 @@
 """What weighted and temporal samplers build from a graph at scale: built once per graph and
 shared (as its CSC is), and weighted draws exact for light nodes after heavy ones."""
+import contextlib
 import pickle
 
 import pytest
@@ -10,6 +11,7 @@ from torch_geometric.sampler import NodeSamplerInput
 
 from pyg_mgpu.data.csc import CSC, csc_of
 from pyg_mgpu.distributed.launch import spawn
+from pyg_mgpu.gpu_path import counting_gpu_path
 from pyg_mgpu.sampling import temporal, weighted
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sampling_graph import EDGE, share_sampling
@@ -72,25 +74,31 @@ def test_run_cumsum_restarts_at_every_node(monkeypatch):
         assert torch.allclose(cum[start:end], own, rtol=1e-12, atol=0), v
 
 
-def test_inverse_cdf_lands_where_the_running_sum_first_exceeds_the_draw():
+@pytest.mark.parametrize("gpu_path", [False, True])
+def test_inverse_cdf_lands_where_the_running_sum_first_exceeds_the_draw(gpu_path):
     # Every node of a small graph, fanout large enough to reach each edge: compared with
-    # searchsorted over each node's own running sum, for the same uniforms.
+    # searchsorted over each node's own running sum, for the same uniforms. The GPU's form
+    # searches as many steps as the graph's longest run needs, the CPU's the nodes' own.
     from pyg_mgpu.sampling.draws import _inverse_cdf
     gen = torch.Generator().manual_seed(1)
     degree = torch.randint(1, 40, (100,), generator=gen)
+    degree[50] = 300  # the graph's longest run, not drawn from
     colptr = torch.cat([torch.zeros(1, dtype=torch.long), degree.cumsum(0)])
     weight = torch.rand(int(colptr[-1]), generator=gen)
     weight[torch.rand(weight.numel(), generator=gen) < 0.3] = 0
     weight[colptr[1:] - 1] += 0.5  # every node has a positive weight
     weights = weighted.edge_weights(weight, colptr, replace=True)
-    start, k = colptr[:-1], 50
-    drawn = _inverse_cdf(weights, start, degree, k, torch.Generator().manual_seed(2))
-    u = torch.rand(k, 100, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    for v in range(100):
+    nodes = torch.cat([torch.arange(50), torch.arange(51, 100)])  # all but the longest run
+    start, k = colptr.index_select(0, nodes), 50
+    with counting_gpu_path() if gpu_path else contextlib.nullcontext():
+        drawn = _inverse_cdf(weights, start, degree.index_select(0, nodes), k,
+                             torch.Generator().manual_seed(2))
+    u = torch.rand(k, 99, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    for i, v in enumerate(nodes.tolist()):
         cum = weights.cum_weight[colptr[v]:colptr[v + 1]]
-        expected = torch.searchsorted(cum, u[:, v] * cum[-1], right=True)
-        assert torch.equal(drawn[:, v], expected), v
-        assert bool((weight[colptr[v] + drawn[:, v]] > 0).all()), v
+        expected = torch.searchsorted(cum, u[:, i] * cum[-1], right=True)
+        assert torch.equal(drawn[:, i], expected), v
+        assert bool((weight[colptr[v] + drawn[:, i]] > 0).all()), v
 
 
 def test_time_order_and_weights_are_built_once_per_graph():
