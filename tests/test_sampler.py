@@ -90,7 +90,7 @@ def test_uniform_without_replacement():
     src = torch.arange(deg).repeat(num_dst)
     n = deg + num_dst
     g = ConvertedGraph.from_edge_index("star", torch.stack([src, dst]), torch.zeros(n, 1),
-                                   torch.zeros(n, dtype=torch.long), torch.tensor([0]),
+                                   torch.arange(n) % 2, torch.tensor([0]),
                                    torch.tensor([1]), torch.tensor([2]))
     sampler = native(g, [fanout], seed=123)
     subsets = []
@@ -118,7 +118,7 @@ def test_large_degree_stays_uniform():
     dst = torch.zeros(deg, dtype=torch.long)
     n = deg + 1
     g = ConvertedGraph.from_edge_index("hub", torch.stack([src, dst]), torch.zeros(n, 1),
-                                   torch.zeros(n, dtype=torch.long), torch.tensor([0]),
+                                   torch.arange(n) % 2, torch.tensor([0]),
                                    torch.tensor([1]), torch.tensor([2]))
     sampler = native(g, [25], seed=0)
     draws = torch.cat([sampler.sample(torch.tensor([0])).node[1:] for _ in range(400)])
