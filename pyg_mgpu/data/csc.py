@@ -9,7 +9,7 @@ shared-memory handles), and every later sampler over the same ``Data`` reuses it
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -36,6 +36,9 @@ class CSC:
         host_colptr: ``colptr`` in host memory, where ``colptr`` is a GPU's (a copy or a view
             of this host original), or None: the sampler's first hop plans there, from seeds
             the host holds, without waiting for the GPU.
+        derived: What the samplers built from this CSC and keep with it, by key (the time
+            order, the weights' forms: :func:`pyg_mgpu.sampling.sampling_graph.derived`);
+            each entry has ``share_memory_()``.
     """
 
     colptr: Tensor
@@ -43,6 +46,7 @@ class CSC:
     perm: Optional[Tensor] = None
     edge_index: Optional[Tensor] = None
     host_colptr: Optional[Tensor] = None
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -274,8 +278,6 @@ def share_data(data: Data | HeteroData) -> Data | HeteroData:
     for csc in cscs:
         if not csc.row.is_cuda:
             csc.share_memory_()
-            # What the samplers built from it and keep with it (``derived``, e.g. the time
-            # order and the weights' forms: pyg_mgpu.sampling.sampling_graph.derived).
-            for structure in getattr(csc, "derived", {}).values():
+            for structure in csc.derived.values():  # the time order, the weights' forms
                 structure.share_memory_()
     return data

@@ -236,14 +236,9 @@ class Derived(NamedTuple):
 
     def share_memory_(self) -> "Derived":
         """Moves ``value``'s tensors to shared memory (what :func:`~pyg_mgpu.data.csc.share_data`
-        calls on each structure in a CSC's :data:`DERIVED`)."""
+        calls on each structure in a CSC's ``derived``)."""
         self.value.share_memory_()
         return self
-
-
-DERIVED = "derived"
-"""The attribute of a :class:`~pyg_mgpu.data.csc.CSC` that holds what the samplers build from
-it: ``{key: Derived}``."""
 
 
 def derived(csc: CSC, key: tuple, inputs: tuple, build: Callable[[], Any]) -> Any:
@@ -257,7 +252,7 @@ def derived(csc: CSC, key: tuple, inputs: tuple, build: Callable[[], Any]) -> An
     a time or weight tensor replaced since (compared by identity, as the CSC's
     ``edge_index``) is built again. An input changed in place is not seen.
     """
-    forms = csc.__dict__.setdefault(DERIVED, {})
+    forms = csc.derived
     entry = forms.get(key)
     if entry is not None and len(entry.inputs) == len(inputs) and all(
             a is b for a, b in zip(entry.inputs, inputs)):
