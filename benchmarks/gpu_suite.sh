@@ -144,10 +144,11 @@ step() {  # step NAME TIMEOUT_S COMMAND...: runs it, logs it, records exit code 
 }
 
 train() {  # train NAME TIMEOUT_S FLAGS...: one CLI run on the moderate synthetic graph
+  # (--overwrite on every run of the suite: a step run again into the same OUT starts afresh)
   local name=$1 limit=$2; shift 2
   step "$name" "$limit" "$PY" -m pyg_mgpu.distributed_sampling --num-nodes "$NODES" \
     --num-edges "$EDGES" --num-features 100 --num-classes 47 --fanout 15,10,5 \
-    --batch-size 1024 --epochs "$EPOCHS" --out "$OUT/$name" "$@"
+    --batch-size 1024 --epochs "$EPOCHS" --out "$OUT/$name" --overwrite "$@"
 }
 
 if want tests; then
@@ -176,12 +177,14 @@ if want sampler; then
   # (sample, gather, forward, backward, optimizer), so each stage's time is its own.
   step profile_products 300 "$PY" -m pyg_mgpu.distributed_sampling --devices "$DEV" \
     --num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47 \
-    --fanout 15,10,5 --batch-size 1024 --epochs 2 --profile --out "$OUT/profile_products"
+    --fanout 15,10,5 --batch-size 1024 --epochs 2 --profile --out "$OUT/profile_products" \
+    --overwrite
   # Kernel by kernel: 20 steps of the second epoch under torch.profiler (kernels.csv with each
   # op's and kernel's own GPU time per step, trace.json for Perfetto).
   step trace_products 240 "$PY" -m pyg_mgpu.distributed_sampling --devices "$DEV" \
     --num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47 \
-    --fanout 15,10,5 --batch-size 1024 --epochs 2 --trace-steps 20 --out "$OUT/trace_products"
+    --fanout 15,10,5 --batch-size 1024 --epochs 2 --trace-steps 20 --out "$OUT/trace_products" \
+    --overwrite
 fi
 
 if want variants; then
@@ -217,7 +220,7 @@ if want variants; then
   # The CLI's heterogeneous path on the GPU (graph in host memory, batches prefetched to the
   # GPU), one NCCL rank: test_acc against the CPU runs' (README's synthetic-hetero row).
   step hetero_cli 240 "$PY" -m pyg_mgpu.distributed_sampling --devices "$DEV" \
-    --dataset synthetic-hetero --out "$OUT/hetero_cli"
+    --dataset synthetic-hetero --out "$OUT/hetero_cli" --overwrite
   # Multi-rank CUDA logic on one GPU: 2 ranks over gloo (NCCL refuses two ranks on one GPU).
   train gloo_2ranks 300 --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --eval-on all \
     --inference layerwise
@@ -227,7 +230,7 @@ if want variants; then
   step host_memory 300 "$PY" -m pyg_mgpu.memory -- "$PY" -m pyg_mgpu.distributed_sampling \
     --devices "${SUITE_GLOO_DEVICES:-cuda:0,0}" --backend gloo --graph-on host \
     --num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47 \
-    --fanout 15,10,5 --batch-size 1024 --epochs 1 --out "$OUT/host_memory"
+    --fanout 15,10,5 --batch-size 1024 --epochs 1 --out "$OUT/host_memory" --overwrite
 fi
 
 if want full; then

@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "stop.log"
     with log.open("w") as f:
-        job = subprocess.Popen(CLI + flags + ["--out", str(out)], stdout=f, stderr=subprocess.STDOUT,
+        job = subprocess.Popen(CLI + flags + ["--out", str(out), "--overwrite"], stdout=f,
+                               stderr=subprocess.STDOUT,
                                start_new_session=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
