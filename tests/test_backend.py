@@ -133,11 +133,16 @@ def test_library_errors_name_arguments_and_the_cli_names_flags(tmp_path, capsys,
                                        "none; use --devices cpu --nprocs N.\n")
 
 
-def test_more_cpu_ranks_than_cores_are_warned_of(monkeypatch):
+def test_more_cpu_ranks_than_cores_are_warned_of_with_their_memory(monkeypatch):
     import warnings
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-    with pytest.warns(UserWarning, match="3 CPU ranks on 2 core"):
+    with pytest.warns(UserWarning, match=r"3 CPU ranks on 2 core\(s\).* about 0.9 GB of "
+                                         r"memory \(an estimate"):
         assert resolve_devices("cpu", 3) == [torch.device("cpu")] * 3
+    with pytest.raises(ValueError, match="more than 4 CPU ranks per core"):
+        resolve_devices("cpu", 9, max_per_core=4)
+    with pytest.warns(UserWarning):  # the library's spawn has no limit
+        assert len(resolve_devices("cpu", 9)) == 9
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert resolve_devices("cpu", 2) == [torch.device("cpu")] * 2

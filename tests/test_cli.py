@@ -66,18 +66,14 @@ def test_flags_that_do_nothing_here_are_named():
     assert TrainConfig.from_flags().ignored_flags("cpu") == []  # defaults are never named
 
 
-def test_more_cpu_ranks_than_cores_warn_with_their_memory_and_past_4_per_core_are_refused(
-        tmp_path, capsys, monkeypatch):
-    from pyg_mgpu.distributed import launch
-    from pyg_mgpu.distributed.devices import resolve_devices
+def test_more_than_4_cpu_ranks_per_core_are_refused_before_the_data_loads(tmp_path, capsys,
+                                                                          monkeypatch):
+    from pyg_mgpu.train import dataset
 
-    def started(*args, **kwargs):
-        raise AssertionError("the ranks started")
+    def loaded(*args, **kwargs):
+        raise AssertionError("the data loaded")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(launch, "launch_local", started)
-    with pytest.warns(UserWarning, match=r"3 CPU ranks on 2 core\(s\).* about 0.9 GB of "
-                                         r"memory \(an estimate"):
-        assert len(resolve_devices("cpu", 3)) == 3
+    monkeypatch.setattr(dataset, "load_configured", loaded)
     assert main(TINY + ["--devices", "cpu", "--nprocs", "9", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --nprocs 9: more than 4 CPU ranks per core (2 core(s) here: "
