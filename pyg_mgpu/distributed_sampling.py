@@ -245,7 +245,7 @@ def make_out_dir(out: Optional[str]) -> Path:
             path.mkdir(parents=True, exist_ok=True)
         else:
             path = _new_folder(path)
-        probe = path / f".write-test-{os.getpid()}"  # torchrun ranks probe at once
+        probe = path / f".write-test-{os.getpid()}"  # by pid: never another process's
         probe.write_text("")
         probe.unlink()
     except OSError as e:
