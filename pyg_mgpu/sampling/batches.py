@@ -1,11 +1,14 @@
 """Several batches sampled in one walk, split back into ordinary batches.
 
-Each batch is one tree of a disjoint walk (:mod:`.walk`, numbered by
-:class:`~.tree_ids.TreeIds`): its nodes are numbered apart from the other batches', so a node
-two batches reach is in both, and within a batch each node once, as a batch sampled alone. The
-walk's kernels and host reads are then paid once for all of them. Every batch has the
-distribution of a lone walk over its seeds (the draws of each node are independent of the other
-batches'); the draws themselves differ, as the generator is shared.
+The walk (:mod:`.walk`) numbers each batch apart from the others (:mod:`.numbering`), so a
+node two batches reach is in both, and within a batch each node once, as a batch sampled
+alone. Joint batches are numbered by :class:`~.numbering.BatchIds` (node ``v`` of batch ``b``
+is the key ``b * num_nodes + v``), and the walk's ``batch`` output is each node's batch;
+disjoint ones by :class:`~.numbering.DisjointIds`, a tree per seed, and that output is each
+node's tree, which ``tree_batch`` maps to its batch. The walk's kernels and host reads are
+then paid once for all of them. Every batch has the distribution of a lone walk over its seeds
+(the draws of each node are independent of the other batches'); the draws themselves differ,
+as the generator is shared.
 
 :func:`split_batches` turns the walk's output (all batches' nodes hop by hop, interleaved) into
 one PyG ``SamplerOutput`` per batch: seeds first, then each hop's new nodes in order of first
@@ -21,6 +24,7 @@ from torch import Tensor
 from torch_geometric.sampler import SamplerOutput
 
 from pyg_mgpu.gpu_path import host_ints, iota, takes_gpu_path, to_device
+from pyg_mgpu.sampling.walk_state import PendingHop
 
 
 def _counts(key: Tensor, size: int) -> Tensor:
@@ -50,14 +54,19 @@ class BatchCounts:
         self.num_batches, self.num_hops = num_batches, num_hops
         self.values: Optional[list[int]] = None
 
-    def request(self, trees: dict, pending: dict, cols: dict, num_sampled_nodes: dict,
-                num_sampled_edges: dict) -> Tensor:
-        (tree,), (col,) = trees.values(), cols.values()  # one node type, one edge type
-        (_, last_tree, first), = pending.values()
+    def request(self, trees: dict, pending: dict[object, PendingHop], cols: dict,
+                num_sampled_nodes: dict, num_sampled_edges: dict) -> Tensor:
+        """Every batch's per-hop node counts, then edge counts, as one tensor to read: the
+        counted nodes' from ``trees`` (each node's batch) and ``num_sampled_nodes``, the last
+        hop's from ``pending`` (its new nodes' first positions), the edges' from ``cols``
+        (each edge's destination) and ``num_sampled_edges``. One node and one edge type."""
+        (tree,), (col,) = trees.values(), cols.values()
+        (last_hop,) = pending.values()
         (settled,), (edge_sizes,) = num_sampled_nodes.values(), num_sampled_edges.values()
         levels = self.num_hops + 1
         node_counts = _counts(_keys(tree, settled, levels), self.num_batches * levels)
-        node_counts.index_add_(0, last_tree * levels + (levels - 1), first.long())
+        node_counts.index_add_(0, last_hop.trees * levels + (levels - 1),
+                               last_hop.first.long())
         edge_key = _keys(tree.index_select(0, col), edge_sizes, self.num_hops)
         return torch.cat([node_counts, _counts(edge_key, self.num_batches * self.num_hops)])
 

@@ -14,6 +14,13 @@ The modes are parameters of the same loop:
 - induced: every edge among the sampled nodes replaces the drawn ones at the end;
 - backward: the graph's transposed CSCs (:class:`~.sampling_graph.SamplingGraph`), each edge
   turned back at the end.
+
+Each hop is named stages over one :class:`~.walk_state.WalkState`: plan the draws
+(:func:`plan_draws`), read their sizes with the previous hop's new-node counts
+(:func:`read_sizes`; on the CPU the ops find them), settle the previous hop's new nodes
+(:meth:`~.walk_state.WalkState.settle`), draw (:func:`draw`), and number the drawn neighbours
+(:meth:`~.walk_state.WalkState.number`). The last hop's nodes are settled after the walk's
+last read (:func:`read_last`).
 """
 from __future__ import annotations
 
@@ -23,12 +30,12 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import HeteroSamplerOutput
 
-from pyg_mgpu.gpu_path import host_ints, host_work, positions_of, takes_gpu_path, to_device
+from pyg_mgpu.gpu_path import host_ints, host_work, takes_gpu_path, to_device
 from pyg_mgpu.sampling import temporal
 from pyg_mgpu.sampling.draws import HopPlan, draw_hop, plan_hop
-from pyg_mgpu.sampling.induced import induced_edges
 from pyg_mgpu.sampling.numbering import BatchIds, DisjointIds, JointIds
 from pyg_mgpu.sampling.sampling_graph import SamplingGraph
+from pyg_mgpu.sampling.walk_state import Drawn, Frontier, Numbering, WalkState
 
 
 def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
@@ -48,8 +55,9 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
         strategy: Temporal: ``"uniform"`` among the eligible edges, or ``"last"``.
         last_read: On the GPU's path, sizes the caller wants read with the walk's last read
             (``request(trees, pending, cols, num_sampled_nodes, num_sampled_edges)`` gives
-            them as a tensor, before the last hop's new nodes are counted; their values land
-            in its ``values``): :class:`~.batches.BatchCounts`.
+            them as a tensor, before the last hop's new nodes are counted: ``pending`` holds
+            a :class:`~.walk_state.PendingHop` per node type; their values land in its
+            ``values``): :class:`~.batches.BatchCounts`.
         first_hop: Per edge type, its first hop's plan and sizes, made by the caller
             (``(plan or None, num_edges, num_drawing)``: :func:`plan_on_host`); the hop then
             reads nothing from the device.
@@ -57,159 +65,118 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
     Returns:
         PyG's ``HeteroSamplerOutput`` keyed by the graph's own edge types: ``row`` int64.
     """
-    device = graph.device
     num_hops = len(next(iter(fanouts.values()))) if fanouts else 0
-    num_trees = max((s.numel() for s in seed.values()), default=0)
-    if disjoint:
-        ids = DisjointIds(graph.num_nodes, num_trees)
-    elif seed_batch is not None:
-        ids = BatchIds(lambda t: graph.lookup(t, copies=num_batches), graph.num_nodes,
-                       seed_batch)
-    else:
-        ids = JointIds(graph.lookup)
-    # Every node carries its tree (disjoint), or its batch (several in one walk).
-    with_trees = disjoint or seed_batch is not None
-    # On the GPU's path a hop's new nodes stay where the hop found them, marked, until the next
-    # hop's one read of sizes tells how many there are: one wait for the GPU per hop.
     gpu = any(takes_gpu_path(s) for s in seed.values())
-    deferred = gpu and not disjoint
-    node_types, edge_types = graph.node_types, graph.edge_types
-    nodes = {t: [] for t in node_types}
-    trees = {t: [] for t in node_types}
-    frontier: dict = {}  # node type -> its Frontier
-    pending: dict = {}  # node type -> (nbr, trees, first) numbered but not counted (deferred)
-    num_sampled_nodes = {t: [] for t in node_types}
-    rows = {et: [] for et in edge_types}
-    cols = {et: [] for et in edge_types}
-    edges = {et: [] for et in edge_types}
-    num_sampled_edges = {et: [] for et in edge_types}
-    empty = torch.empty(0, dtype=torch.long, device=device)
-
-    def cat(parts: list) -> Tensor:
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat(parts) if parts else empty
-
-    def settle(counts: list) -> None:
-        """The pending hop's new nodes, now that their counts are on the host."""
-        new_per_type = dict(zip(pending, counts))
-        for t, n in new_per_type.items():
-            nbr, tree, first = pending[t]
-            picked = positions_of(first, n)
-            nodes[t].append(nbr.index_select(0, picked))
-            trees[t].append(None if tree is None else tree.index_select(0, picked))
-            ids.count[t] += n
-        for t in node_types:
-            num_sampled_nodes[t].append(new_per_type.get(t, 0))
-        pending.clear()
-
+    state = WalkState(graph, _numbering(graph, seed, disjoint, seed_batch, num_batches),
+                      with_trees=disjoint or seed_batch is not None,
+                      deferred=gpu and not disjoint)
     try:
-        for t in node_types:
-            s = seed.get(t)
-            s = s if s is not None else empty
-            tree = ids.seeds(t, s)
-            nodes[t].append(s)
-            trees[t].append(tree)
-            frontier[t] = Frontier(s, tree, 0)
-            num_sampled_nodes[t].append(s.numel())
+        state.add_seeds(seed)
         for hop in range(num_hops):
             given = first_hop if hop == 0 and first_hop is not None else {}
-            plans = {et: given[et][0] if et in given else
-                     _plan(graph, et, frontier[et[2]], int(fanouts[et][hop]), replace=replace,
-                           tree_time=tree_time, strategy=strategy)
-                     for et in edge_types}
-            # The GPU's one read per hop: its draws' sizes (unless the caller planned them),
-            # and the previous hop's new-node counts. (The CPU's ops find the sizes themselves.)
-            sizes = [plan.sizes for et, plan in plans.items()
-                     if plan is not None and et not in given] if gpu else []
-            sizes += [first.sum().view(1) for _, _, first in pending.values()]
-            sizes = host_ints(torch.cat(sizes)) if sizes else []
-            if pending:
-                settle(sizes[len(sizes) - len(pending):])
-            start_of_hop = dict(ids.count)
-            drawn = {}  # source type -> its edge types' (edge type, neighbours, trees)
-            for et, plan in plans.items():
-                f = frontier[et[2]]
-                if plan is None:
-                    local_dst = edge = empty
-                else:
-                    num_edges = num_drawing = None
-                    if et in given:
-                        num_edges, num_drawing = given[et][1:]
-                    elif gpu:
-                        num_edges, num_drawing, sizes = sizes[0], sizes[1], sizes[2:]
-                    local_dst, edge = draw_hop(
-                        plan, num_edges, num_drawing, replace=replace,
-                        weights=graph.weights[et], generator=generator,
-                        offset_type=graph.offset_type[et], dst=f.nodes)
-                # int64 from here on: scatter and index_copy take no int32 index.
-                nbr = graph.row[et].index_select(0, edge).long()
-                nbr_tree = None if f.trees is None else f.trees.index_select(0, local_dst)
-                drawn.setdefault(et[0], []).append((et, nbr, nbr_tree))
-                cols[et].append(local_dst.add_(f.start) if f.local is None
-                                else f.local.index_select(0, local_dst))
-                edges[et].append(edge)
-                num_sampled_edges[et].append(edge.numel())
-            # One numbering per source type: the neighbours of its edge types, in the graph's
-            # order, get the ids that numbering them type by type would give. Its new nodes
-            # are the type's next frontier; a type no edge type leaves has none.
-            frontier = {t: Frontier(empty, empty if with_trees else None, start_of_hop[t])
-                        for t in node_types}
-            for t, parts in drawn.items():
-                nbr = cat([nbr for _, nbr, _ in parts])
-                tree = cat([tree for _, _, tree in parts]) if with_trees else None
-                if deferred:
-                    local, first = (ids.number_deferred(t, nbr) if tree is None else
-                                    ids.number_deferred(t, nbr, tree))
-                    pending[t] = (nbr, tree, first)
-                    frontier[t] = Frontier(nbr, tree, start_of_hop[t], local, first)
-                else:
-                    local, new, new_tree = ids.number(t, nbr, tree)
-                    nodes[t].append(new)
-                    trees[t].append(new_tree)
-                    frontier[t] = Frontier(new, new_tree, start_of_hop[t])
-                sizes_of = [nbr.numel() for _, nbr, _ in parts]
-                for (et, _, _), part in zip(parts, local.split(sizes_of)):
-                    rows[et].append(part)
-            if not deferred:
-                for t in node_types:
-                    num_sampled_nodes[t].append(ids.count[t] - start_of_hop[t])
-            elif not pending:  # no type drew a neighbour
-                settle([])
-        if pending:  # the last hop's new nodes: the walk's last read
-            counts = [first.sum().view(1) for _, _, first in pending.values()]
-            extra = [] if last_read is None else [last_read.request(
-                {t: cat(trees[t]) for t in node_types}, dict(pending),
-                {et: cat(cols[et]) for et in edge_types}, num_sampled_nodes,
-                num_sampled_edges)]
-            values = host_ints(torch.cat(counts + extra))
-            if last_read is not None:
-                last_read.values = values[len(counts):]
-            settle(values[:len(counts)])
-        node = {t: cat(nodes[t]) for t in node_types}
-        if induced:  # every edge among the sampled nodes; no per-hop counts (as PyG's)
-            for et in edge_types:
-                row, col, edge = induced_edges(graph.csc[et].colptr, graph.row[et],
-                                               node[et[2]], graph.lookup(et[0]),
-                                               graph.offset_type[et])
-                rows[et], cols[et], edges[et] = [row], [col], [edge]
-            num_sampled_nodes = num_sampled_edges = None
+            plans = plan_draws(state, fanouts, hop, given, replace=replace,
+                               tree_time=tree_time, strategy=strategy)
+            sizes = read_sizes(state, plans, given, gpu)
+            state.settle(sizes.new_nodes)
+            state.number(draw(state, plans, sizes.draws, replace=replace, generator=generator))
+        state.settle(read_last(state, last_read))
+        if induced:
+            state.induce()
     finally:
-        ids.close()
-    row = {et: cat(rows[et]).long() for et in edge_types}
-    col = {et: cat(cols[et]) for et in edge_types}
-    if graph.backward:  # each edge back in its own direction, under its own type
-        row, col = col, row
-    restore = graph.original
-    return HeteroSamplerOutput(
-        node=node,
-        row={restore[et]: v for et, v in row.items()},
-        col={restore[et]: v for et, v in col.items()},
-        edge={restore[et]: cat(edges[et]) for et in edge_types},
-        batch={t: cat(trees[t]) for t in node_types} if with_trees else None,
-        num_sampled_nodes=num_sampled_nodes,
-        num_sampled_edges=(None if num_sampled_edges is None else
-                           {restore[et]: v for et, v in num_sampled_edges.items()}))
+        state.ids.close()
+    return state.output()
+
+
+def _numbering(graph: SamplingGraph, seed: dict, disjoint: bool, seed_batch: Optional[dict],
+               num_batches: int) -> Numbering:
+    """The walk's local ids: a tree per seed position, a batch per ``seed_batch`` entry, or
+    one batch."""
+    if disjoint:
+        return DisjointIds(graph.num_nodes, max((s.numel() for s in seed.values()), default=0))
+    if seed_batch is not None:
+        return BatchIds(lambda t: graph.lookup(t, copies=num_batches), graph.num_nodes,
+                        seed_batch)
+    return JointIds(graph.lookup)
+
+
+class HopSizes(NamedTuple):
+    """What a hop's one read of sizes tells the host."""
+
+    draws: dict
+    """Edge type -> ``(num_edges, num_drawing)`` for :func:`~.draws.draw_hop` (None: found by
+    the draws themselves, on the CPU)."""
+    new_nodes: list
+    """The pending hop's new-node counts, per type of :attr:`.WalkState.pending`."""
+
+
+def plan_draws(state: WalkState, fanouts: dict, hop: int, given: dict, *, replace: bool,
+               tree_time: Optional[Tensor], strategy: str) -> dict:
+    """Edge type -> its draws at ``hop`` from its destination type's frontier, before their
+    sizes are read (None: it draws nothing); ``given``'s plans where the caller made them."""
+    return {et: given[et][0] if et in given else
+            _plan(state.graph, et, state.frontier[et[2]], int(fanouts[et][hop]),
+                  replace=replace, tree_time=tree_time, strategy=strategy)
+            for et in state.graph.edge_types}
+
+
+def read_sizes(state: WalkState, plans: dict, given: dict, gpu: bool) -> HopSizes:
+    """The GPU's one read per hop: its draws' sizes (unless the caller planned them), and the
+    previous hop's new-node counts. (The CPU's ops find the sizes themselves.)"""
+    sizes = [plan.sizes for et, plan in plans.items()
+             if plan is not None and et not in given] if gpu else []
+    sizes += state.pending_counts()
+    sizes = host_ints(torch.cat(sizes)) if sizes else []
+    draws, read = {}, 0
+    for et, plan in plans.items():
+        if et in given:
+            draws[et] = tuple(given[et][1:])
+        elif gpu and plan is not None:
+            draws[et] = (sizes[read], sizes[read + 1])
+            read += 2
+        else:
+            draws[et] = (None, None)
+    return HopSizes(draws, sizes[read:])
+
+
+def draw(state: WalkState, plans: dict, sizes: dict, *, replace: bool,
+         generator: torch.Generator) -> dict:
+    """Makes the planned draws, given their ``sizes`` (:attr:`HopSizes.draws`): each edge type's
+    edges join the state's, their sources are returned as source type -> its edge types'
+    :class:`~.walk_state.Drawn`, in the graph's order, to be numbered."""
+    graph, drawn = state.graph, {}
+    for et, plan in plans.items():
+        f = state.frontier[et[2]]
+        if plan is None:
+            local_dst = edge = state.empty
+        else:
+            local_dst, edge = draw_hop(
+                plan, *sizes[et], replace=replace, weights=graph.weights[et],
+                generator=generator, offset_type=graph.offset_type[et], dst=f.nodes)
+        # int64 from here on: scatter and index_copy take no int32 index.
+        nbr = graph.row[et].index_select(0, edge).long()
+        nbr_tree = None if f.trees is None else f.trees.index_select(0, local_dst)
+        drawn.setdefault(et[0], []).append(Drawn(et, nbr, nbr_tree))
+        state.cols[et].append(f.local_ids(local_dst))
+        state.edges[et].append(edge)
+        state.num_sampled_edges[et].append(edge.numel())
+    return drawn
+
+
+def read_last(state: WalkState, last_read) -> list[int]:
+    """The last hop's new-node counts (for :meth:`~.walk_state.WalkState.settle`), read with
+    what ``last_read`` requests, whose values land in its ``values``: the walk's last read.
+    Nothing to read when no hop is pending."""
+    if not state.pending:
+        return []
+    counts = state.pending_counts()
+    extra = [] if last_read is None else [last_read.request(
+        {t: state.cat(state.trees[t]) for t in state.graph.node_types}, dict(state.pending),
+        {et: state.cat(state.cols[et]) for et in state.graph.edge_types},
+        state.num_sampled_nodes, state.num_sampled_edges)]
+    values = host_ints(torch.cat(counts + extra))
+    if last_read is not None:
+        last_read.values = values[len(counts):]
+    return values[:len(counts)]
 
 
 def plan_on_host(host_colptr: Tensor, seed: Tensor, fanout: int, *rows: Tensor,
@@ -233,18 +200,6 @@ def plan_on_host(host_colptr: Tensor, seed: Tensor, fanout: int, *rows: Tensor,
         return stacked, (None, 0, 0)
     start, deg, count, drawn = stacked[k:]
     return stacked[:k], (HopPlan(start, deg, count, drawn, fanout), num_edges, num_drawing)
-
-
-class Frontier(NamedTuple):
-    """The nodes of one type that the next hop draws for: ``nodes`` (global ids), their
-    ``trees``, and their local ids, ``start + position``, or on the GPU's path ``local`` per
-    position with ``active`` marking the positions that draw (each new node's first one)."""
-
-    nodes: Tensor
-    trees: Optional[Tensor]
-    start: int
-    local: Optional[Tensor] = None
-    active: Optional[Tensor] = None
 
 
 def _plan(graph: SamplingGraph, edge_type: tuple, frontier: Frontier, fanout: int, *,
