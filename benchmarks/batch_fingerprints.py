@@ -8,7 +8,8 @@ Run it at two commits and compare the lines::
 
 Every mode samples a seeded random graph (homogeneous, or three node types and edge types) with
 ``pyg_mgpu.NeighborSampler`` and its own generator seed, five batches in a row, so the
-generator's state carries from batch to batch as in a loader. The hash covers every field of
+generator's state carries from batch to batch as in a loader (the ``walk-`` modes: five
+batches in one walk, ``sample_batches``). The hash covers every field of
 each ``SamplerOutput`` (values, dtypes and shapes) and the per-hop counts.
 
 ``--gpu-path`` samples along the branches a GPU takes where the code branches on the device
@@ -133,6 +134,20 @@ def fingerprint(data, options: dict, seeds_of, num_batches: int = 5) -> str:
     return hashlib.sha256(" ".join(parts).encode()).hexdigest()[:16]
 
 
+# Several batches in one walk (NeighborSampler.sample_batches; BatchCounts on the GPU path).
+WALKS = {"walk-joint": {}, "walk-joint-int32": {"int32": True}, "walk-disjoint": {"disjoint": True}}
+
+
+def walk_fingerprint(data, options: dict, seeds_of, num_batches: int = 5) -> str:
+    options = dict(options)
+    options.setdefault("num_neighbors", [10, 5])
+    sampler = pyg_mgpu.NeighborSampler(data, seed=7, **options)
+    gen = torch.Generator().manual_seed(3)
+    seeds = [seeds_of(gen)[0] for _ in range(num_batches)]
+    parts = [digest(out) for out in sampler.sample_batches(seeds)]
+    return hashlib.sha256(" ".join(parts).encode()).hexdigest()[:16]
+
+
 def main() -> None:
     import argparse
     import contextlib
@@ -164,6 +179,10 @@ def print_fingerprints() -> None:
         options = dict(options)
         data = plain32 if options.pop("int32", False) else plain
         print(name, fingerprint(data, options, homogeneous_seeds))
+    for name, options in WALKS.items():
+        options = dict(options)
+        data = plain32 if options.pop("int32", False) else plain
+        print(name, walk_fingerprint(data, options, homogeneous_seeds))
     node_timed, edge_timed = hetero_graph(), hetero_graph(edge_time=True)
     for name, options in HETERO.items():
         options = dict(options)
