@@ -38,6 +38,7 @@ _HOMES = {
     "layerwise_inference": "pyg_mgpu.train.evaluation",
     "load_dataset": "pyg_mgpu.data.datasets",
     "pinned_data": "pyg_mgpu.data.pinned",
+    "predict": "pyg_mgpu.inference.predictions",
     "ranking_metrics": "pyg_mgpu.train.ranking",
     "share_data": "pyg_mgpu.data.csc",
     "spawn": "pyg_mgpu.distributed.launch",

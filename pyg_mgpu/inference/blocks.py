@@ -1,0 +1,98 @@
+"""One batch of one layer: the destinations, all their in-edges, and their sources' rows.
+
+A batch's destinations are either a contiguous range of node ids (every node of a hidden layer,
+one rank's shard a range at a time) or any list of ids (the requested nodes of the last layer).
+Its block numbers the destinations first, in their order, then the other sources in increasing
+id, so that a self-loop stays a self-loop (row ``i`` is destination ``i``) and the rows read
+from a layer file come in file order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pyg_mgpu.inference.store import decode
+
+
+@dataclass
+class Block:
+    """A batch's bipartite block.
+
+    Attributes:
+        dst: The destinations: a ``(start, end)`` range of node ids, or their ids.
+        others: Ids of the sources that are not destinations, increasing; they are rows
+            ``num_dst..`` of the block.
+        edge_index: ``[2, E]`` (source row, destination row) of every in-edge.
+    """
+    dst: Union[tuple[int, int], Tensor]
+    others: Tensor
+    edge_index: Tensor
+
+    @property
+    def num_dst(self) -> int:
+        if isinstance(self.dst, tuple):
+            return self.dst[1] - self.dst[0]
+        return self.dst.numel()
+
+
+def in_edges(colptr: Tensor, row: Tensor, dst: Union[tuple[int, int], Tensor]
+             ) -> tuple[Tensor, Tensor]:
+    """(source id, destination position) of every in-edge of ``dst``, grouped by destination."""
+    if isinstance(dst, tuple):
+        start, end = dst
+        e0, e1 = int(colptr[start]), int(colptr[end])
+        degree = colptr[start + 1:end + 1] - colptr[start:end]
+        positions = torch.repeat_interleave(torch.arange(end - start), degree, output_size=e1 - e0)
+        return row[e0:e1].long(), positions
+    first = colptr[dst]
+    degree = colptr[dst + 1] - first
+    total = int(degree.sum())
+    positions = torch.repeat_interleave(torch.arange(dst.numel()), degree, output_size=total)
+    before = torch.cumsum(degree, 0) - degree  # edges of the destinations before each
+    offsets = torch.arange(total) - before[positions]
+    return row[first[positions] + offsets].long(), positions
+
+
+def make_block(colptr: Tensor, row: Tensor, dst: Union[tuple[int, int], Tensor]) -> Block:
+    src, positions = in_edges(colptr, row, dst)
+    if isinstance(dst, tuple):
+        is_dst = (src >= dst[0]) & (src < dst[1])
+        own = src - dst[0]
+    else:  # the destinations are distinct: each source id is at most one of them
+        sorted_dst, order = torch.sort(dst)
+        at = torch.searchsorted(sorted_dst, src).clamp_(max=dst.numel() - 1)
+        is_dst = sorted_dst[at] == src
+        own = order[at]
+    others, other_rows = torch.unique(src[~is_dst], return_inverse=True)
+    block = Block(dst, others, torch.empty(0))
+    local = torch.where(is_dst, own, 0)
+    local[~is_dst] = block.num_dst + other_rows
+    block.edge_index = torch.stack([local, positions])
+    return block
+
+
+class Rows:
+    """The rows of a layer's input: the features (a tensor) or a layer file (an array),
+    read as float32 a batch at a time."""
+
+    def __init__(self, source: Union[Tensor, np.ndarray], dtype: Optional[str] = None):
+        self.source, self.dtype = source, dtype
+
+    def read(self, nodes: Union[tuple[int, int], Tensor]) -> Tensor:
+        if isinstance(self.source, Tensor):
+            x = (self.source[nodes[0]:nodes[1]] if isinstance(nodes, tuple)
+                 else self.source.index_select(0, nodes.to(self.source.device)))
+            return x.float().cpu()
+        if isinstance(nodes, tuple):
+            rows = self.source[nodes[0]:nodes[1]]
+        else:
+            rows = self.source[nodes.numpy()]
+        return decode(rows, self.dtype)
+
+    def block_rows(self, block: Block) -> Tensor:
+        """The block's rows: its destinations', then the other sources'."""
+        return torch.cat([self.read(block.dst), self.read(block.others)])

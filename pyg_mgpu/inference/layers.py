@@ -1,0 +1,204 @@
+"""A model as layer-wise inference runs it: per layer, the conv and what follows it.
+
+Layer ``i`` of a model is computed for a batch of destination nodes from all their in-edges:
+the conv on a bipartite block (the destinations' own rows first, then their other in-neighbours'
+rows), then the activation, normalization and, after the last layer, the final ``Linear`` that
+the model's forward applies. Every destination's output depends only on its own in-edges and
+on its in-neighbours' outputs of the layer before, so computing each layer once for every node
+equals the full-graph forward (tests/test_predict.py checks each model to 1e-4).
+
+GCN is the exception that needs the whole graph: ``gcn_norm`` weighs edge ``u -> v`` by
+``1 / sqrt(deg(u) * deg(v))``, with degrees of the whole graph. Those are computed once for
+every node (:func:`gcn_inverse_sqrt_degrees`) and handed to every batch, whose block then runs
+with ``normalize=False`` on these weights, self-loops added as PyG adds them.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import GCNConv
+from torch_geometric.nn.models.basic_gnn import BasicGNN
+from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
+from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
+
+from pyg_mgpu.nn.models import GCN as TrimmedGCN
+from pyg_mgpu.nn.sage import GraphSAGE
+
+# Normalizations that act on each node's row alone in evaluation (BatchNorm with its running
+# statistics): the others (GraphNorm, InstanceNorm, LayerNorm over the graph, ...) mix nodes.
+_PER_NODE_NORMS = (nn.Identity, nn.BatchNorm1d, nn.LayerNorm, PygBatchNorm)
+
+
+@dataclass
+class GCNWeights:
+    """How a GCN layer weighs its edges: PyG's ``gcn_norm`` options.
+
+    ``improved`` changes nothing here: without edge weights ``gcn_norm`` gives every edge,
+    self-loops included, weight 1 (``add_remaining_self_loops`` fills in its value only where
+    weights are given).
+    """
+    add_self_loops: bool
+    normalize: bool
+
+
+@dataclass
+class Layer:
+    """One layer of a model as inference runs it.
+
+    Attributes:
+        conv: The message-passing module.
+        after: What the model applies to the conv's output (activation, norm, final Linear).
+        gcn: For a ``GCNConv``: its weighting, applied from whole-graph degrees; else None.
+    """
+    conv: nn.Module
+    after: Callable[[Tensor], Tensor]
+    gcn: Optional[GCNWeights] = None
+
+    def __call__(self, x_src: Tensor, edge_index: Tensor, num_dst: int,
+                 inv_sqrt_deg: Optional[Tensor] = None) -> Tensor:
+        """Outputs of the ``num_dst`` destinations, which are the first rows of ``x_src``;
+        ``edge_index`` holds (source row, destination row) of every in-edge of theirs.
+        ``inv_sqrt_deg``: GCN only, each row's whole-graph ``deg ** -0.5``."""
+        if self.gcn is None:
+            out = self.conv((x_src, x_src[:num_dst]), edge_index, size=(x_src.size(0), num_dst))
+        else:
+            edge_index, weight = _gcn_block(edge_index, num_dst, inv_sqrt_deg, self.gcn)
+            with _normalize_off(self.conv):
+                out = self.conv(x_src, edge_index, weight)[:num_dst]
+        return self.after(out)
+
+
+def _gcn_block(edge_index: Tensor, num_dst: int, inv_sqrt_deg: Optional[Tensor],
+               gcn: GCNWeights) -> tuple[Tensor, Optional[Tensor]]:
+    """The block's edges and their ``gcn_norm`` weights: with self-loops, every destination's
+    existing self-loops replaced by one, as ``add_remaining_self_loops`` does."""
+    if not gcn.normalize:
+        return edge_index, None
+    src, dst = edge_index
+    if gcn.add_self_loops:
+        keep = src != dst
+        loops = torch.arange(num_dst, device=src.device)
+        src, dst = torch.cat([src[keep], loops]), torch.cat([dst[keep], loops])
+    weight = inv_sqrt_deg[src] * inv_sqrt_deg[dst]
+    return torch.stack([src, dst]), weight
+
+
+@contextlib.contextmanager
+def _normalize_off(conv: GCNConv) -> Iterator[None]:
+    """The conv runs on weights given to it (PyG's GCN normalizes inside each conv)."""
+    before = conv.normalize
+    conv.normalize = False
+    try:
+        yield
+    finally:
+        conv.normalize = before
+
+
+def gcn_degrees(src: Tensor, dst: Tensor, num_dst: int, gcn: GCNWeights) -> Tensor:
+    """``gcn_norm``'s degree of each of ``num_dst`` destinations, from all their in-edges
+    (``src`` node ids or rows, ``dst`` destination rows; a self-loop has ``src == dst``): with
+    self-loops, the in-edges other than self-loops plus the one self-loop it adds."""
+    if gcn.add_self_loops:
+        dst = dst[src != dst]
+    deg = torch.zeros(num_dst, device=dst.device).index_add_(
+        0, dst, torch.ones(dst.numel(), device=dst.device))
+    return deg + 1.0 if gcn.add_self_loops else deg
+
+
+def inverse_sqrt(deg: Tensor) -> Tensor:
+    """``deg ** -0.5``, 0 where the degree is 0 (as ``gcn_norm``)."""
+    out = deg.pow(-0.5)
+    return out.masked_fill_(out == float("inf"), 0.0)
+
+
+def model_layers(model: nn.Module) -> list[Layer]:
+    """The layers of ``model`` as inference runs them.
+
+    Supported: pyg_mgpu's :class:`~pyg_mgpu.nn.sage.GraphSAGE` and GCN, and PyG's ``BasicGNN``
+    models (``GraphSAGE``, ``GCN``, ``GAT``, ``GIN``) with ``jk=None`` or ``"last"`` and
+    per-node normalization (or none).
+
+    Raises:
+        TypeError: for other models (heterogeneous ones included), jumping knowledge that
+            concatenates layers, or normalization across nodes.
+    """
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise TypeError("pass the unwrapped model (ddp.module), not DistributedDataParallel.")
+    if isinstance(model, GraphSAGE):
+        last = len(model.convs) - 1
+        return [Layer(conv, _identity if i == last else F.relu)
+                for i, conv in enumerate(model.convs)]
+    if not isinstance(model, BasicGNN):
+        raise TypeError(f"{type(model).__name__} is not a model layer-wise prediction knows: it "
+                        "takes pyg_mgpu's GraphSAGE and GCN, and PyG's BasicGNN models "
+                        "(torch_geometric.nn.GraphSAGE, GCN, GAT, GIN); heterogeneous models "
+                        "are not supported.")
+    if model.jk_mode not in (None, "last"):
+        raise TypeError(f"jumping knowledge {model.jk_mode!r} combines every layer's output; "
+                        "layer-wise prediction keeps one layer at a time (jk=None or 'last').")
+    for norm in model.norms or []:
+        per_node = isinstance(norm, _PER_NODE_NORMS) or (
+            isinstance(norm, PygLayerNorm) and norm.mode == "node")
+        if not per_node:
+            raise TypeError(f"{type(norm).__name__} normalizes across nodes, so a node's "
+                            "output depends on the others in its batch; layer-wise prediction "
+                            "needs per-node normalization (BatchNorm, LayerNorm(mode='node')) "
+                            "or none.")
+    layers = []
+    for i, conv in enumerate(model.convs):
+        gcn = None
+        if isinstance(conv, GCNConv):
+            if isinstance(model, TrimmedGCN):  # normalizes once per forward, not per conv
+                gcn = GCNWeights(model.add_self_loops, normalize=True)
+            else:
+                gcn = GCNWeights(conv.add_self_loops, conv.normalize)
+        layers.append(Layer(conv, _basic_gnn_after(model, i), gcn))
+    return layers
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+def _basic_gnn_after(model: BasicGNN, i: int) -> Callable[[Tensor], Tensor]:
+    """What ``BasicGNN.inference_per_layer`` applies after layer ``i``'s conv (dropout is
+    off in evaluation)."""
+    last = i == model.num_layers - 1
+    if last and model.jk_mode is None:
+        return _identity
+
+    def after(x: Tensor) -> Tensor:
+        if model.act is not None and model.act_first:
+            x = model.act(x)
+        if model.norms is not None:
+            x = model.norms[i](x)
+        if model.act is not None and not model.act_first:
+            x = model.act(x)
+        if last and hasattr(model, "lin"):
+            x = model.lin(x)
+        return x
+    return after
+
+
+@torch.no_grad()
+def layer_widths(layers: list[Layer], in_channels: int) -> list[int]:
+    """Each layer's output width, found by running the layers on one node without edges."""
+    x = torch.zeros(1, in_channels, device=_device_of(layers))
+    no_edges = torch.zeros(2, 0, dtype=torch.long, device=x.device)
+    widths = []
+    for layer in layers:
+        x = layer(x, no_edges, 1, torch.ones(1, device=x.device))
+        widths.append(x.size(1))
+    return widths
+
+
+def _device_of(layers: list[Layer]) -> torch.device:
+    for layer in layers:
+        for param in layer.conv.parameters():
+            return param.device
+    return torch.device("cpu")

@@ -1,0 +1,223 @@
+"""pyg_mgpu.predict: every node's outputs, layer by layer through files, equal the full-graph
+forward; hidden-layer storage, node subsets, argument checks and resuming."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as pyg_nn
+from torch_geometric.data import Data, HeteroData
+
+import pyg_mgpu
+from pyg_mgpu.distributed.context import RankFailed
+from pyg_mgpu.distributed.launch import spawn
+from pyg_mgpu.errors import ArgumentError
+from pyg_mgpu.inference import decode, predictions, store
+from pyg_mgpu.data.csc import csc_of
+from pyg_mgpu.inference.blocks import make_block
+from pyg_mgpu.nn.models import build_model
+
+import _predict_ranks
+
+def tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(array))  # a copy: the outputs are read-only mappings
+
+
+NUM_NODES = 401  # a prime: no batch size or rank count divides it
+
+
+def graph(num_nodes=NUM_NODES, num_edges=3000, seed=0) -> Data:
+    generator = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=generator)
+    # Self-loops (one twice), which GAT and GCN replace with their own, and an isolated node.
+    loops = torch.tensor([[3, 3, 7], [3, 3, 7]])
+    edge_index = torch.cat([edge_index, loops], dim=1)
+    edge_index = edge_index[:, (edge_index != num_nodes - 1).all(0)]
+    return Data(x=torch.randn(num_nodes, 8, generator=generator), edge_index=edge_index)
+
+
+MODELS = {
+    "pyg_mgpu sage": lambda: build_model("sage", 8, 16, 5, 3),
+    "pyg_mgpu gcn": lambda: build_model("gcn", 8, 16, 5, 3),
+    "pyg_mgpu gat": lambda: build_model("gat", 8, 16, 5, 2, heads=4),
+    "pyg_mgpu gin": lambda: build_model("gin", 8, 16, 5, 2, norm="layer"),
+    "PyG GraphSAGE": lambda: pyg_nn.GraphSAGE(8, 16, 3, out_channels=5),
+    "PyG GCN": lambda: pyg_nn.GCN(8, 16, 2, out_channels=5),
+    "PyG GCN without self-loops": lambda: pyg_nn.GCN(8, 16, 2, out_channels=5,
+                                                     add_self_loops=False),
+    "PyG GAT": lambda: pyg_nn.GAT(8, 16, 2, out_channels=5, heads=2),
+    "PyG GIN with BatchNorm": lambda: pyg_nn.GIN(8, 16, 3, out_channels=5, norm="batch_norm"),
+    "PyG GraphSAGE, jk last": lambda: pyg_nn.GraphSAGE(8, 16, 2, out_channels=5, jk="last"),
+}
+
+
+def trained_looking(make) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = make()
+    for module in model.modules():  # running statistics other than the initial 0 and 1
+        if isinstance(module, torch.nn.BatchNorm1d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_outputs_equal_the_full_graph_forward(name, tmp_path):
+    data, model = graph(), trained_looking(MODELS[name])
+    expected = model(data.x, data.edge_index)
+    got = pyg_mgpu.predict(model, data, tmp_path, outputs=["logits", "probabilities", "labels"],
+                           batch_size=64)
+    assert np.array_equal(got.node_ids, np.arange(NUM_NODES))
+    torch.testing.assert_close(tensor(got.logits[:]), expected, rtol=0, atol=1e-4)
+    torch.testing.assert_close(tensor(got.probabilities[:]),
+                               expected.softmax(-1), rtol=0, atol=1e-4)
+    assert torch.equal(tensor(got.labels[:]), expected.argmax(-1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "labels.npy", "logits.npy", "node_ids.npy", "probabilities.npy"]  # layers/ removed
+
+
+def test_requested_nodes_get_their_rows_in_their_order_and_a_hidden_layers_output(tmp_path):
+    data, model = graph(), trained_looking(MODELS["PyG GraphSAGE"])
+    nodes = torch.tensor([400, 3, 17, 0, 250, 7])
+    hidden = F.relu(model.convs[0](data.x, data.edge_index))
+    second = F.relu(model.convs[1](hidden, data.edge_index))
+    for layer, expected in ((1, hidden), (2, second)):
+        got = pyg_mgpu.predict(model, data, tmp_path / str(layer), nodes=nodes,
+                               embeddings=layer, batch_size=4)
+        assert np.array_equal(got.node_ids, nodes.numpy())
+        torch.testing.assert_close(tensor(got.logits[:]),
+                                   model(data.x, data.edge_index)[nodes], rtol=0, atol=1e-4)
+        torch.testing.assert_close(tensor(got.embeddings[:]), expected[nodes],
+                                   rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_hidden_layers_hold_the_rounded_float32_rows(dtype, tmp_path):
+    data, model = graph(), trained_looking(MODELS["pyg_mgpu sage"])
+    hidden = F.relu(model.convs[0](data.x, data.edge_index))  # layer 1 reads float32 features
+    got = pyg_mgpu.predict(model, data, tmp_path, embeddings=1, hidden_dtype=dtype)
+    stored = np.load(tmp_path / "embeddings.npy")
+    assert stored.dtype == (np.uint16 if dtype == "bfloat16" else np.float16)
+    # Bit for bit the float32 layer rounded once.
+    assert torch.equal(decode(stored, dtype), hidden.to(getattr(torch, dtype)).float())
+    assert got.embeddings_dtype == dtype
+    # Layers after a rounded one are close to the float32 model's, not equal.
+    torch.testing.assert_close(tensor(got.logits[:]), model(data.x, data.edge_index),
+                               rtol=0, atol=0.05)
+
+
+def test_blocks_number_destinations_first_whatever_their_order():
+    data = graph(num_nodes=50, num_edges=300)
+    csc = csc_of(data)
+    for dst in (torch.tensor([9, 3, 40, 7]), (3, 10)):  # any ids, or a range of them
+        block = make_block(csc.colptr, csc.row, dst)
+        dst_ids = torch.arange(*dst) if isinstance(dst, tuple) else dst
+        ids = torch.cat([dst_ids, block.others])  # the node of each block row
+        src, dst_rows = block.edge_index
+        edges = sorted((int(ids[s]), int(dst_ids[d])) for s, d in zip(src, dst_rows))
+        expected = sorted((int(u), int(v)) for u, v in data.edge_index.t()
+                          if int(v) in dst_ids.tolist())  # every in-edge, duplicates kept
+        assert edges == expected
+        assert block.others.tolist() == sorted(set(block.others.tolist()) - set(dst_ids.tolist()))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"embeddings": 3}, "embeddings=3: the model has 3 layers, so its hidden layers are 1..2"),
+    ({"embeddings": 0}, "embeddings=0"),
+    ({"nodes": torch.tensor([0, NUM_NODES])}, f"node id {NUM_NODES}, outside"),
+    ({"nodes": torch.tensor([-1, 2])}, "node id -1, outside"),
+    ({"nodes": torch.tensor([2, 5, 2])}, "more than once"),
+    ({"nodes": torch.zeros(NUM_NODES, dtype=torch.bool)}, "mask.nonzero"),
+    ({"outputs": ["scores"]}, "outputs takes any of logits, probabilities, labels, got scores"),
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"hidden_dtype": "int8"}, "hidden_dtype=int8"),
+])
+def test_bad_arguments_are_named_and_nothing_is_written(kwargs, message, tmp_path):
+    data, model = graph(), trained_looking(MODELS["pyg_mgpu sage"])
+    with pytest.raises(ArgumentError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        pyg_mgpu.predict(model, data, tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_models_and_graphs_it_cannot_run_exactly_are_refused(tmp_path):
+    data = graph()
+    with pytest.raises(TypeError, match="jk=None or 'last'"):
+        pyg_mgpu.predict(pyg_nn.GraphSAGE(8, 16, 2, out_channels=5, jk="cat"), data, tmp_path)
+    with pytest.raises(TypeError, match="normalizes across nodes"):
+        pyg_mgpu.predict(pyg_nn.GIN(8, 16, 2, out_channels=5, norm="graph_norm"), data, tmp_path)
+    with pytest.raises(TypeError, match="heterogeneous"):
+        pyg_mgpu.predict(build_model("sage", 8, 16, 5, 2), HeteroData(), tmp_path)
+    with pytest.raises(TypeError, match="not a model"):
+        pyg_mgpu.predict(torch.nn.Linear(8, 5), data, tmp_path)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_continues_after_the_last_whole_layer(tmp_path, monkeypatch):
+    data, model = graph(), trained_looking(MODELS["pyg_mgpu gcn"])  # 3 layers, GCN's degrees
+    expected = model(data.x, data.edge_index)
+    run_layer, computed = predictions._Run._run_layer, []
+
+    def stop_before(layer):
+        def counted(run, i):
+            if i == layer:
+                raise Interrupted
+            computed.append(i)
+            run_layer(run, i)
+        monkeypatch.setattr(predictions._Run, "_run_layer", counted)
+
+    stop_before(2)  # layers 1 and 2 finished, then a failure
+    with pytest.raises(Interrupted):
+        pyg_mgpu.predict(model, data, tmp_path, embeddings=1, batch_size=50)
+    assert computed == [-1, 0, 1]
+    layers = tmp_path / predictions.LAYERS
+    # Layer 2 is whole; a half-written layer 3 (garbage) lies beside it.
+    assert (layers / "layer2.npy").is_file()
+    store.create(layers / "logits.npy", (NUM_NODES, 5), np.float32)
+    np.load(store.partial(layers / "logits.npy"), mmap_mode="r+")[:] = 1e9
+    computed.clear()
+    stop_before(None)
+    got = pyg_mgpu.predict(model, data, tmp_path, embeddings=1, batch_size=50, resume=True)
+    assert computed == [2]  # the degrees and layers 1 and 2 were not computed again
+    torch.testing.assert_close(tensor(got.logits[:]), expected, rtol=0, atol=1e-4)
+    assert got.embeddings.shape == (NUM_NODES, 16)
+    assert not layers.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_resume_refuses_layers_of_another_model(tmp_path, monkeypatch):
+    data = graph()
+    run_layer = predictions._Run._run_layer
+
+    def stop_at_the_last(run, i):
+        if i == 2:
+            raise Interrupted
+        run_layer(run, i)
+
+    monkeypatch.setattr(predictions._Run, "_run_layer", stop_at_the_last)
+    with pytest.raises(Interrupted):
+        pyg_mgpu.predict(trained_looking(MODELS["pyg_mgpu sage"]), data, tmp_path)
+    monkeypatch.undo()
+    other = build_model("sage", 8, 16, 5, 3)  # same shapes, other weights
+    with pytest.raises(ValueError, match="other model"):
+        pyg_mgpu.predict(other, data, tmp_path, resume=True)
+
+
+@pytest.mark.slow
+def test_two_ranks_share_each_layer_and_resume_after_a_rank_failed(tmp_path):
+    data, model = graph(), trained_looking(MODELS["PyG GAT"])
+    expected = model(data.x, data.edge_index)
+    computed = torch.zeros(2, 2, dtype=torch.long).share_memory_()
+    with pytest.raises(RankFailed, match="injected failure before layer 2"):
+        spawn(_predict_ranks.predict_on_every_rank, args=(data, model, str(tmp_path), 1,
+                                                          computed), devices="cpu", nprocs=2)
+    assert (tmp_path / predictions.LAYERS / "layer1.npy").is_file()
+    spawn(_predict_ranks.predict_on_every_rank, args=(data, model, str(tmp_path), -1, computed),
+          devices="cpu", nprocs=2)
+    assert computed.tolist() == [[1, 1], [1, 1]]  # layer 1 once, layer 2 after the resume
+    logits = tensor(np.load(tmp_path / "logits.npy"))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+    assert torch.equal(tensor(np.load(tmp_path / "labels.npy")), expected.argmax(-1))
+    hidden = F.relu(model.convs[0](data.x, data.edge_index))
+    torch.testing.assert_close(tensor(np.load(tmp_path / "embeddings.npy")), hidden,
+                               rtol=0, atol=1e-4)
