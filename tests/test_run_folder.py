@@ -3,6 +3,7 @@ start afresh over another run's checkpoint is refused, and what a killed writer 
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from pyg_mgpu.distributed.devices import free_port
 from pyg_mgpu.distributed_sampling import main, make_out_dir
 from pyg_mgpu.train.checkpoint import CHECKPOINT
+from pyg_mgpu.train import run_folder
 from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder, hold_run_folder
 
 from _processes import ignore_sigint, kill_group, wait_for_exit, wait_for_output
@@ -97,7 +99,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused(tmp_path, capsys):
         pass
 
 
-def test_a_killed_runs_lock_goes_with_it(tmp_path):
+def test_a_killed_runs_lock_goes_with_it(tmp_path, monkeypatch):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
          "from pyg_mgpu.train.run_folder import claim_run_folder; "
@@ -106,19 +108,29 @@ def test_a_killed_runs_lock_goes_with_it(tmp_path):
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(run_folder, "RELEASE_WAIT_S", 0.0)
         with pytest.raises(RunFolderError, match=f"in use by another run \\(pid {holder.pid}"):
             with claim_run_folder(tmp_path, resume=None, overwrite=False):
                 pass
-    finally:
+        monkeypatch.undo()
         holder.kill()  # SIGKILL: no code of the holder runs
+        # Not reaped yet, maybe not torn down yet: the claim waits for the kernel to drop it.
+        with claim_run_folder(tmp_path, resume=None, overwrite=False):
+            pass
+    finally:
+        holder.kill()
         holder.wait()
-    with claim_run_folder(tmp_path, resume=None, overwrite=False):
-        pass
 
 
-def test_the_writing_rank_keeps_the_folder_locked_after_its_launcher(tmp_path):
-    with hold_run_folder(tmp_path):
-        with pytest.raises(RunFolderError, match="in use by another run"):
+def test_the_writing_rank_keeps_the_folder_locked_after_its_launcher(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_folder, "RELEASE_WAIT_S", 0.0)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True).stdout.strip()
+    (tmp_path / ".lock").write_text(f"pid {ended} on {socket.gethostname()} since 2026-12-01 "
+                                    "10:00:00\n")  # the launcher, SIGKILLed
+    with hold_run_folder(tmp_path):  # its rank 0, still stopping
+        with pytest.raises(RunFolderError, match=f"pid {ended} on .*; that process has ended, "
+                                                 "its ranks have not yet"):
             with claim_run_folder(tmp_path, resume=None, overwrite=False):
                 pass
     with claim_run_folder(tmp_path, resume=None, overwrite=False):

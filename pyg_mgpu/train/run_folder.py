@@ -29,6 +29,9 @@ from pyg_mgpu.train.checkpoint import (CHECKPOINT, describe, not_a_checkpoint,
                                        remove_partial_writes)
 
 LOCK = ".lock"
+# A process killed a moment ago holds its locks until the kernel has torn it down, and freeing
+# a rank's memory takes a while: a claim waits this long for them before it refuses.
+RELEASE_WAIT_S = 5.0
 # Filesystems that take no locks (some network and parallel filesystems) answer with these.
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
@@ -48,11 +51,21 @@ def _open_lock(folder: Path) -> int:
 
 
 def _holder(folder: Path) -> str:
-    """Who holds the lock, as its holder wrote it (``pid P on HOST since TIME``), or ''."""
-    with contextlib.suppress(OSError):
+    """Who holds the lock, as the run's launcher wrote it (``pid P on HOST since TIME``), and
+    whether that launcher has ended (its ranks then still stop, or end), or ''."""
+    try:
         text = (folder / LOCK).read_text().strip()
-        return f" ({text})" if text else ""
-    return ""
+        pid, host = int(text.split()[1]), text.split()[3]
+    except (OSError, ValueError, IndexError):
+        return ""
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f" ({text}; that process has ended, its ranks have not yet)"
+        except PermissionError:  # another user's live process
+            pass
+    return f" ({text})"
 
 
 @contextlib.contextmanager
@@ -73,7 +86,7 @@ def claim_run_folder(out: Path, *, resume: Optional[str], overwrite: bool,
     """
     fd = _open_lock(out)
     try:
-        locked = _lock(fd, fcntl.LOCK_EX, out, warn)
+        locked = _lock(fd, fcntl.LOCK_EX, out, warn, RELEASE_WAIT_S)
         if locked:
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
@@ -90,13 +103,20 @@ def claim_run_folder(out: Path, *, resume: Optional[str], overwrite: bool,
         os.close(fd)  # releases the lock
 
 
-def _lock(fd: int, kind: int, out: Path, warn) -> bool:
-    """Takes the lock on ``fd`` without waiting; False where the filesystem takes no locks."""
+def _lock(fd: int, kind: int, out: Path, warn, wait_s: float = 0.0) -> bool:
+    """Takes the lock on ``fd``, waiting up to ``wait_s`` for its holders to end; False where
+    the filesystem takes no locks."""
+    deadline = time.monotonic() + wait_s
     try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise RunFolderError(f"--out {out} is in use by another run{_holder(out)}; wait for "
-                             "it to end, or choose another --out.") from None
+        while True:
+            try:
+                fcntl.flock(fd, kind | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RunFolderError(f"--out {out} is in use by another run{_holder(out)}; "
+                                         "wait for it to end, or choose another --out.") from None
+                time.sleep(0.1)
     except OSError as e:
         if e.errno not in _NO_LOCKS:
             raise
