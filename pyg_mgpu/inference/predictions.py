@@ -23,13 +23,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Data
 from tqdm import tqdm
 
-from pyg_mgpu.data.csc import csc_of
 from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.inference import store
+from pyg_mgpu.inference.arguments import Graph, check_embeddings, check_nodes, graph_of
 from pyg_mgpu.inference.blocks import Rows, make_block
 from pyg_mgpu.inference.layers import (Layer, gcn_degrees, inverse_sqrt,
                                        layer_widths, model_layers)
@@ -66,56 +66,6 @@ class Predictions:
                 described[name] = {"file": f"{name}.npy", "shape": list(array.shape),
                                    "dtype": dtype}
         return described
-
-
-@dataclass
-class _Graph:
-    colptr: Tensor
-    row: Tensor
-    x: Tensor
-
-    @property
-    def num_nodes(self) -> int:
-        return self.colptr.numel() - 1
-
-
-def _graph_of(data) -> _Graph:
-    if isinstance(data, ConvertedGraph):
-        return _Graph(data.colptr.cpu(), data.row.cpu(), data.x)
-    if isinstance(data, HeteroData) or not isinstance(data, Data):
-        raise TypeError(f"predict takes a homogeneous graph (torch_geometric.data.Data or "
-                        f"pyg_mgpu's ConvertedGraph), got {type(data).__name__}; "
-                        "heterogeneous graphs are not supported.")
-    if data.x is None:
-        raise ArgumentError("{data} has no node features x; the model's first layer reads them.")
-    csc = csc_of(data)
-    return _Graph(csc.colptr.cpu(), csc.row.cpu(), data.x)
-
-
-def check_nodes(nodes: Tensor, num_nodes: int) -> Tensor:
-    """``nodes`` as int64 ids, refused unless they are distinct ids of the graph."""
-    if nodes.dtype == torch.bool:
-        raise ArgumentError("{nodes} takes node ids; for a mask pass mask.nonzero().view(-1).")
-    if nodes.dim() != 1 or nodes.numel() == 0 or nodes.is_floating_point():
-        raise ArgumentError(f"{{nodes}} takes a non-empty 1-D tensor of integer node ids, got "
-                            f"shape {tuple(nodes.shape)} of {nodes.dtype}.")
-    nodes = nodes.long().cpu()
-    low, high = int(nodes.min()), int(nodes.max())
-    if low < 0 or high >= num_nodes:
-        bad = low if low < 0 else high
-        raise ArgumentError(f"{{nodes}} holds node id {bad}, outside the graph's 0..{num_nodes - 1}.")
-    if torch.unique(nodes).numel() != nodes.numel():
-        raise ArgumentError("{nodes} lists a node more than once; pass each id once.")
-    return nodes
-
-
-def check_embeddings(embeddings: Optional[int], num_layers: int) -> None:
-    if embeddings is not None and not 1 <= embeddings < num_layers:
-        hidden = (f"1..{num_layers - 1}" if num_layers > 1
-                  else "none: it has one layer, whose output is the logits")
-        raise ArgumentError(f"{{embeddings={embeddings}}}: the model has {num_layers} layers, "
-                            f"so its hidden layers are {hidden} (layer {num_layers}'s output "
-                            "is the logits).")
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -189,11 +139,11 @@ def predict(model: torch.nn.Module, data: Union[Data, ConvertedGraph], out: Unio
         ...                                                           [0, 0, 0, 1]]))
         >>> model = GraphSAGE(8, 16, num_layers=2, out_channels=3).eval()
         >>> out = pyg_mgpu.predict(model, data, tempfile.mkdtemp(), outputs=["logits"])
-        >>> torch.allclose(torch.from_numpy(out.logits[:]), model(data.x, data.edge_index),
+        >>> torch.allclose(torch.tensor(out.logits), model(data.x, data.edge_index),
         ...                atol=1e-5)
         True
     """
-    graph = _graph_of(data)
+    graph = graph_of(data)
     layers = model_layers(model)
     unknown = sorted(set(outputs) - set(OUTPUTS))
     if unknown or (not outputs and embeddings is None):
@@ -225,7 +175,7 @@ def predict(model: torch.nn.Module, data: Union[Data, ConvertedGraph], out: Unio
 class _Run:
     """One call of :func:`predict`: its files, and the layers still to compute."""
 
-    def __init__(self, layers: list[Layer], graph: _Graph, out: Path, outputs: list[str],
+    def __init__(self, layers: list[Layer], graph: Graph, out: Path, outputs: list[str],
                  embeddings: Optional[int], nodes: Optional[Tensor], batch_size: int,
                  hidden_dtype: str, device: torch.device, rank: int, world_size: int,
                  progress_bar: bool):

@@ -1,0 +1,145 @@
+"""python -m pyg_mgpu.predict: a trained run's predictions on its ranks, its exact accuracy,
+and one error line (exit 2, nothing written) for every input it cannot use."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import pyg_mgpu
+import pyg_mgpu.predict as predict_command
+from pyg_mgpu.distributed_sampling import main as train
+from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.predict import main
+from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.train.dataset import load_configured
+
+TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
+        "--num-classes", "4", "--hidden", "16", "--batch-size", "128"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished 2-rank run that computed its exact (layer-wise) accuracies."""
+    out = tmp_path_factory.mktemp("run")
+    assert train(TINY + ["--epochs", "1", "--devices", "cpu", "--nprocs", "2",
+                         "--inference", "layerwise", "--out", str(out)]) == 0
+    return out
+
+
+def run_graph_and_model(run_dir):
+    config = json.loads((run_dir / "metrics.json").read_text())["config"]
+    graph = load_configured(TrainConfig.from_flags(**config))
+    model = GraphSAGE(8, 16, 4, 2)
+    model.load_state_dict(torch.load(run_dir / "best.pt", weights_only=True))
+    return graph, model.eval()
+
+
+@pytest.mark.slow
+def test_a_runs_predictions_on_two_ranks_give_its_exact_accuracies(run_dir, tmp_path):
+    out = tmp_path / "out"
+    assert main([str(run_dir), "--out", str(out), "--outputs", "logits,probabilities,labels",
+                 "--embeddings", "1", "--batch-size", "200", "--devices", "cpu",
+                 "--nprocs", "2"]) == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    summary = json.loads((out / "predictions.json").read_text())
+    assert summary["accuracy"]["test"] == {"accuracy": metrics["test_acc_exact"], "nodes": 300}
+    assert summary["accuracy"]["val"]["accuracy"] == metrics["val_acc_exact"]
+    assert summary["files"]["logits"] == {"file": "logits.npy", "shape": [1500, 4],
+                                          "dtype": "float32"}
+    assert summary["files"]["embeddings"]["shape"] == [1500, 16]
+    assert summary["world_size"] == 2 and summary["commit"] is not None
+    graph, model = run_graph_and_model(run_dir)
+    edge_index = graph.edge_index()
+    expected = model(graph.x, edge_index)
+    logits = torch.from_numpy(np.load(out / "logits.npy"))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+    assert torch.equal(torch.from_numpy(np.load(out / "labels.npy")), expected.argmax(-1))
+    hidden = torch.relu(model.convs[0](graph.x, edge_index))
+    torch.testing.assert_close(torch.from_numpy(np.load(out / "embeddings.npy")), hidden,
+                               rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_one_split_on_one_rank_in_its_order(run_dir, tmp_path):
+    out = tmp_path / "out"
+    assert main([str(run_dir), "--out", str(out), "--nodes", "test", "--outputs", "labels",
+                 "--hidden-dtype", "bfloat16", "--devices", "cpu", "--nprocs", "1"]) == 0
+    graph, model = run_graph_and_model(run_dir)
+    assert np.array_equal(np.load(out / "node_ids.npy"), graph.test_idx.numpy())
+    summary = json.loads((out / "predictions.json").read_text())
+    assert list(summary["accuracy"]) == ["test"]  # the other splits' nodes were not asked for
+    assert summary["files"]["labels"]["shape"] == [300]
+    # Hidden rows in bfloat16: the labels are the float32 model's but for near ties.
+    expected = model(graph.x, graph.edge_index())[graph.test_idx].argmax(-1)
+    agree = (torch.from_numpy(np.load(out / "labels.npy")) == expected).float().mean()
+    assert agree >= 0.95
+
+
+def error_of(argv, capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.fixture
+def run_copy(run_dir, tmp_path):
+    """A copy of the run folder (its metrics, config and best.pt), to break."""
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("metrics.json", "best.pt"):
+        shutil.copy(run_dir / name, copy / name)
+    return copy
+
+
+@pytest.mark.slow
+def test_bad_input_is_one_error_line_and_nothing_is_written(run_copy, tmp_path, capsys,
+                                                            monkeypatch):
+    out = tmp_path / "out"
+    base = [str(run_copy), "--out", str(out), "--devices", "cpu", "--nprocs", "1"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no configuration" in error_of([str(empty)], capsys)
+    assert "--embeddings 2: the model has 2 layers" in error_of(base + ["--embeddings", "2"],
+                                                                capsys)
+    ids = tmp_path / "ids.txt"
+    ids.write_text("3\n1500\n")
+    assert "--nodes holds node id 1500, outside the graph's 0..1499" in error_of(
+        base + ["--nodes", str(ids)], capsys)
+    # A checkpoint of a model other than the run's, and one from a run on other data.
+    other = tmp_path / "other"
+    other.mkdir()
+    torch.save(GraphSAGE(8, 32, 4, 2).state_dict(), other / "best.pt")
+    assert "does not fit the run's model (--model sage, --hidden 16, 2 layers)" in error_of(
+        base + ["--checkpoint", str(other / "best.pt")], capsys)
+    metrics = json.loads((run_copy / "metrics.json").read_text())
+    metrics["config"]["num_nodes"] = 2000
+    (other / "metrics.json").write_text(json.dumps(metrics))
+    shutil.copy(run_copy / "best.pt", other / "best.pt")
+    assert "was trained with num_nodes=2000" in error_of(
+        base + ["--checkpoint", str(other / "best.pt")], capsys)
+    # Output folders it cannot write to, or that lack the room.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert "cannot write there" in error_of(base[:1] + ["--out", str(blocker / "out")] + base[3:],
+                                            capsys)
+    monkeypatch.setattr(predict_command.shutil, "disk_usage",
+                        lambda path: shutil._ntuple_diskusage(10**9, 10**9, 1000))
+    assert "GiB free" in error_of(base, capsys)
+    monkeypatch.undo()
+    assert not out.exists()
+    (run_copy / "best.pt").unlink()
+    assert "best.pt: no such file; the run never validated" in error_of(base, capsys)
+    assert not out.exists()
+
+
+def test_the_module_is_callable_as_the_library_function(tmp_path):
+    from torch_geometric.data import Data
+    data = Data(x=torch.randn(5, 8), edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]))
+    model = GraphSAGE(8, 16, 4, 2).eval()
+    assert pyg_mgpu.predict is predict_command  # importing the command bound the name
+    got = pyg_mgpu.predict(model, data, tmp_path, outputs=["logits"])
+    torch.testing.assert_close(torch.from_numpy(np.array(got.logits)),
+                               model(data.x, data.edge_index), rtol=0, atol=1e-5)
