@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -367,6 +368,9 @@ def run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_d
     A stop signal ends it at the next step, with a checkpoint (:func:`fit`). Rank 0 holds
     the folder's lock (:func:`hold_run_folder`) while it writes there.
     """
+    # tqdm's default lock is a named semaphore, for bars of several processes; only this one
+    # draws here. A job killed whole (its resource tracker with it) would leave it in /dev/shm.
+    tqdm.set_lock(threading.RLock())
     with graceful(), hold_run_folder(Path(out_dir)) if ctx.is_main else contextlib.nullcontext():
         _run_training(ctx, graph, cfg, out_dir, run_info)
 
