@@ -109,6 +109,10 @@ def test_cli_loader_worker_killed_ends_the_job(tmp_path):
         # A worker notices its rank's death at its next status check (every 5 s).
         assert group_members(job.pid) == [] or wait_until_gone(
             group_members(job.pid), timeout_s=10) == [], "processes of the job outlived it"
+        # The loader's queues' semaphores, which the failed rank never unregistered, are
+        # unlinked by the resource tracker (gone with the job) without a warning.
+        log = stderr.read_text(errors="replace")
+        assert "leaked semaphore" not in log, log[-3000:]
 
 
 def test_rank_raising_while_its_peer_blocks_in_allreduce():
