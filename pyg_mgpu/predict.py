@@ -320,7 +320,8 @@ def run(args) -> dict:
         "time_s": time.perf_counter() - start,
     }
     save_json(summary, out / "predictions.json")
-    scores = " | ".join(f"{split} acc {v['accuracy']:.4f}" for split, v in summary["accuracy"].items())
+    scores = " | ".join(f"{split} acc {v['accuracy']:.4f}"
+                        for split, v in summary["accuracy"].items())
     print(f"predictions for {opened.node_ids.shape[0]:,} nodes in {out}"
           + (f" | {scores}" if scores else ""), flush=True)
     return summary

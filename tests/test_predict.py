@@ -13,7 +13,7 @@ from pyg_mgpu.distributed.launch import spawn
 from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.inference import decode, predictions, store
 from pyg_mgpu.data.csc import csc_of
-from pyg_mgpu.inference.blocks import make_block
+from pyg_mgpu.inference.blocks import batches, make_block
 from pyg_mgpu.nn.models import build_model
 
 import _predict_ranks
@@ -118,6 +118,23 @@ def test_blocks_number_destinations_first_whatever_their_order():
                           if int(v) in dst_ids.tolist())  # every in-edge, duplicates kept
         assert edges == expected
         assert block.others.tolist() == sorted(set(block.others.tolist()) - set(dst_ids.tolist()))
+
+
+def test_batches_cap_destinations_and_in_edges():
+    degree = torch.tensor([1, 1, 50, 1, 1, 1, 1, 3])
+    got = list(batches(0, 8, 4, 5, lambda b0, b1: degree[b0:b1]))
+    # At most 4 nodes and 5 in-edges a batch; the hub of 50 alone.
+    assert got == [(0, 2), (2, 3), (3, 7), (7, 8)]
+    assert list(batches(3, 5, 100, 100, lambda b0, b1: degree[b0:b1])) == [(3, 5)]
+
+
+def test_batches_cut_by_their_in_edges_give_the_same_outputs(tmp_path, monkeypatch):
+    data, model = graph(), trained_looking(MODELS["pyg_mgpu gcn"])
+    monkeypatch.setattr(predictions, "BLOCK_BYTES", 4 * 16 * 20)  # about 20 edges a batch
+    nodes = torch.tensor([5, 3, 400, 17])
+    got = pyg_mgpu.predict(model, data, tmp_path, nodes=nodes, batch_size=64)
+    torch.testing.assert_close(tensor(got.logits), model(data.x, data.edge_index)[nodes],
+                               rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("kwargs,message", [

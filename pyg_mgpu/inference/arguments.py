@@ -51,7 +51,8 @@ def check_nodes(nodes: Tensor, num_nodes: int) -> Tensor:
     low, high = int(nodes.min()), int(nodes.max())
     if low < 0 or high >= num_nodes:
         bad = low if low < 0 else high
-        raise ArgumentError(f"{{nodes}} holds node id {bad}, outside the graph's 0..{num_nodes - 1}.")
+        raise ArgumentError(f"{{nodes}} holds node id {bad}, outside the graph's "
+                            f"0..{num_nodes - 1}.")
     if torch.unique(nodes).numel() != nodes.numel():
         raise ArgumentError("{nodes} lists a node more than once; pass each id once.")
     return nodes

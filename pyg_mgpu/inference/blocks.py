@@ -9,7 +9,7 @@ from a layer file come in file order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -37,6 +37,27 @@ class Block:
         if isinstance(self.dst, tuple):
             return self.dst[1] - self.dst[0]
         return self.dst.numel()
+
+
+# A batch's in-edges are capped so that its per-edge tensors (the gathered source rows and the
+# messages, one row of the layer's width per edge) stay near this size however skewed the
+# degrees: a batch of 4,096 nodes around a hub would otherwise hold every in-edge of the hub.
+BLOCK_BYTES = 32 * 2**20
+
+
+def batches(start: int, end: int, batch_size: int, max_edges: int,
+            degrees: Callable[[int, int], Tensor]) -> Iterator[tuple[int, int]]:
+    """``[b0, b1)`` pieces of ``[start, end)``: at most ``batch_size`` destinations and at most
+    ``max_edges`` in-edges each (a destination with more is a batch of its own).
+    ``degrees(b0, b1)``: the in-degrees of destinations ``b0..b1``."""
+    b0 = start
+    while b0 < end:
+        b1 = min(b0 + batch_size, end)
+        fits = int(torch.searchsorted(torch.cumsum(degrees(b0, b1), 0),
+                                      torch.tensor(max_edges), right=True))
+        b1 = b0 + max(1, fits)
+        yield b0, b1
+        b0 = b1
 
 
 def in_edges(colptr: Tensor, row: Tensor, dst: Union[tuple[int, int], Tensor]
@@ -95,4 +116,9 @@ class Rows:
 
     def block_rows(self, block: Block) -> Tensor:
         """The block's rows: its destinations', then the other sources'."""
-        return torch.cat([self.read(block.dst), self.read(block.others)])
+        own = self.read(block.dst)
+        rows = own.new_empty((block.num_dst + block.others.numel(),) + own.shape[1:])
+        rows[:block.num_dst] = own
+        del own
+        rows[block.num_dst:] = self.read(block.others)
+        return rows

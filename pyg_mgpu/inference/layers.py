@@ -27,7 +27,7 @@ from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
 
 from pyg_mgpu.nn.models import GCN as TrimmedGCN
-from pyg_mgpu.nn.sage import GraphSAGE
+from pyg_mgpu.nn.sage import GraphSAGE, sage_layer
 
 # Normalizations that act on each node's row alone in evaluation (BatchNorm with its running
 # statistics): the others (GraphNorm, InstanceNorm, LayerNorm over the graph, ...) mix nodes.
@@ -54,17 +54,25 @@ class Layer:
         conv: The message-passing module.
         after: What the model applies to the conv's output (activation, norm, final Linear).
         gcn: For a ``GCNConv``: its weighting, applied from whole-graph degrees; else None.
+        mean_bags: pyg_mgpu's GraphSAGE: the conv runs as its fast path does
+            (:func:`~pyg_mgpu.nn.sage.sage_layer`: neighbour means by ``embedding_bag``, which
+            holds no per-edge copy of the source rows).
     """
     conv: nn.Module
     after: Callable[[Tensor], Tensor]
     gcn: Optional[GCNWeights] = None
+    mean_bags: bool = False
 
     def __call__(self, x_src: Tensor, edge_index: Tensor, num_dst: int,
                  inv_sqrt_deg: Optional[Tensor] = None) -> Tensor:
         """Outputs of the ``num_dst`` destinations, which are the first rows of ``x_src``;
         ``edge_index`` holds (source row, destination row) of every in-edge of theirs.
         ``inv_sqrt_deg``: GCN only, each row's whole-graph ``deg ** -0.5``."""
-        if self.gcn is None:
+        if self.mean_bags:  # the edges come grouped by destination
+            ptr = torch.zeros(num_dst + 1, dtype=torch.long, device=x_src.device)
+            torch.cumsum(torch.bincount(edge_index[1], minlength=num_dst), 0, out=ptr[1:])
+            out = sage_layer(self.conv, x_src, num_dst, ptr, edge_index[0])
+        elif self.gcn is None:
             out = self.conv((x_src, x_src[:num_dst]), edge_index, size=(x_src.size(0), num_dst))
         else:
             edge_index, weight = _gcn_block(edge_index, num_dst, inv_sqrt_deg, self.gcn)
@@ -131,8 +139,8 @@ def model_layers(model: nn.Module) -> list[Layer]:
         raise TypeError("pass the unwrapped model (ddp.module), not DistributedDataParallel.")
     if isinstance(model, GraphSAGE):
         last = len(model.convs) - 1
-        return [Layer(conv, _identity if i == last else F.relu)
-                for i, conv in enumerate(model.convs)]
+        return [Layer(conv, _identity if i == last else F.relu,
+                      mean_bags=model.sparse_aggregation) for i, conv in enumerate(model.convs)]
     if not isinstance(model, BasicGNN):
         raise TypeError(f"{type(model).__name__} is not a model layer-wise prediction knows: it "
                         "takes pyg_mgpu's GraphSAGE and GCN, and PyG's BasicGNN models "

@@ -30,7 +30,7 @@ from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.inference import store
 from pyg_mgpu.inference.arguments import Graph, check_embeddings, check_nodes, graph_of
-from pyg_mgpu.inference.blocks import Rows, make_block
+from pyg_mgpu.inference.blocks import BLOCK_BYTES, Rows, batches, make_block
 from pyg_mgpu.inference.layers import (Layer, gcn_degrees, inverse_sqrt,
                                        layer_widths, model_layers)
 from pyg_mgpu.sampling.sharding import shard_bounds
@@ -301,11 +301,22 @@ class _Run:
         rows = self._input(i)
         inv_sqrt_deg = (Rows(store.open_rows(self.folder / "gcn_norm.npy"))
                         if self.gcn is not None and i >= 0 else None)
-        steps = range(start, end, self.batch_size)
-        what = "degrees" if i == -1 else f"layer {i + 1}/{len(self.layers)}"
-        for b0 in tqdm(steps, desc=what, disable=not self.progress_bar, leave=False):
-            b1 = min(b0 + self.batch_size, end)
-            dst = (b0, b1) if not last or self.nodes is None else self.nodes[b0:b1]
+        by_position = last and self.nodes is not None  # rows are positions in self.nodes
+        colptr = self.graph.colptr
+
+        def degrees(b0: int, b1: int) -> Tensor:
+            if by_position:
+                ids = self.nodes[b0:b1]
+                return colptr[ids + 1] - colptr[ids]
+            return colptr[b0 + 1:b1 + 1] - colptr[b0:b1]
+
+        width = max([self.graph.x.size(1)] + self.widths[max(i - 1, 0):i + 1])
+        bar = tqdm(total=end - start, desc="degrees" if i == -1 else
+                   f"layer {i + 1}/{len(self.layers)}", disable=not self.progress_bar, leave=False)
+        for b0, b1 in batches(start, end, self.batch_size,
+                              max(1, BLOCK_BYTES // (4 * width)), degrees):
+            bar.update(b1 - b0)
+            dst = self.nodes[b0:b1] if by_position else (b0, b1)
             block = make_block(self.graph.colptr, self.graph.row, dst)
             if i == -1:
                 mapped[0][b0:b1] = store.encode(inverse_sqrt(gcn_degrees(
@@ -321,6 +332,7 @@ class _Run:
                 value = {"logits": lambda: y, "labels": lambda: y.argmax(dim=-1),
                          "probabilities": lambda: torch.softmax(y, dim=-1)}[name]()
                 array[b0:b1] = value.cpu().numpy()
+        bar.close()
 
     def finish(self) -> None:
         """The embeddings and node ids into place; the hidden layers removed."""
@@ -371,4 +383,5 @@ class _Run:
         return Predictions(self.out, load("node_ids"),
                            **{name: load(name) for name in self.outputs},
                            embeddings=load("embeddings") if self.embeddings is not None else None,
-                           embeddings_dtype=self.hidden_dtype if self.embeddings is not None else None)
+                           embeddings_dtype=(self.hidden_dtype if self.embeddings is not None
+                                             else None))
