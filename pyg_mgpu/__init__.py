@@ -41,6 +41,7 @@ _HOMES = {
     "predict": "pyg_mgpu.inference.predictions",
     "ranking_metrics": "pyg_mgpu.train.ranking",
     "share_data": "pyg_mgpu.data.csc",
+    "share_sampling": "pyg_mgpu.sampling.sampling_graph",
     "spawn": "pyg_mgpu.distributed.launch",
 }
 

@@ -170,10 +170,9 @@ def share_sampling(data: Data | HeteroData, *, time_attr: Optional[str] = None,
         In the parent, before starting the ranks (``pyg_mgpu.spawn(train, args=(data,))``):
 
         >>> from torch_geometric.data import Data
-        >>> from pyg_mgpu.sampling.sampling_graph import share_sampling
         >>> data = Data(edge_index=torch.tensor([[1, 2, 0], [0, 0, 1]]), t=torch.arange(3),
         ...             num_nodes=3)
-        >>> data = share_sampling(data, time_attr="t")
+        >>> data = pyg_mgpu.share_sampling(data, time_attr="t")
         >>> data.t.is_shared()
         True
     """
