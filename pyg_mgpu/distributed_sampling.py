@@ -323,7 +323,7 @@ def _start(cfg, out: Optional[Path]) -> Path:
     check_shardable(graph.train_idx.numel(), len(devices), cfg.training.batch_size)
     fingerprint = data_fingerprint(graph.tensors())
     if resumed is not None:
-        check_same_data(resumed, fingerprint, cfg.faults.resume)
+        check_same_data(resumed, fingerprint, cfg.faults.resume, graph.tensors())
     graph.share_memory_()
     load_s = time.perf_counter() - start
     print(f"{graph.summary()} | loaded in {load_s:.1f}s | {len(devices)} rank(s) on "

@@ -238,7 +238,7 @@ def accuracies(out: Path, graph, nodes, outputs: list[str]) -> dict:
 
 def run(args) -> dict:
     """The checks, the data, the ranks, then ``predictions.json``; returns its contents."""
-    from pyg_mgpu.data.fingerprint import data_fingerprint
+    from pyg_mgpu.data.fingerprint import data_fingerprint, same_data
     from pyg_mgpu.distributed.devices import RANKS_PER_CORE_LIMIT, resolve_devices
     from pyg_mgpu.distributed.launch import launch_local
     from pyg_mgpu.inference import HIDDEN_DTYPES, OUTPUTS
@@ -268,7 +268,7 @@ def run(args) -> dict:
                               max_per_core=RANKS_PER_CORE_LIMIT)
     weights = read_weights(run_dir, args.checkpoint, config, metrics)
     graph = load_configured(cfg)
-    if metrics.get("data_fingerprint") not in (None, data_fingerprint(graph.tensors())):
+    if not same_data(metrics.get("data_fingerprint"), graph.tensors()):
         raise ValueError(f"the dataset has changed since the run in {run_dir} trained on it "
                          f"(--dataset {cfg.data.dataset}: its features, labels, edges or splits "
                          "differ); predict on the data the model was trained on.")

@@ -183,3 +183,14 @@ def test_outgrown_iota_buffers_add_up_to_less_than_the_kept_one():
     kept = gpu_path._IOTA[torch.device("cpu"), dtype]
     outgrown = [t for t in gpu_path._IOTA_OUTGROWN if t.dtype == dtype]
     assert sum(t.numel() for t in outgrown) < kept.numel() <= 2 * 1_000_000
+
+
+def test_a_checkpoint_holding_the_earlier_digest_resumes_on_the_same_data_only():
+    from pyg_mgpu.train.checkpoint import check_same_data
+    values = {"x": torch.arange(5_000_001)}
+    written_before = {"data_fingerprint": earlier_fingerprint(values)}
+    check_same_data(written_before, data_fingerprint(values), "runs/x", values)
+    changed = {"x": torch.arange(5_000_001).flip(0)}
+    with pytest.raises(ValueError, match="trained on other data"):
+        check_same_data(written_before, data_fingerprint(changed), "runs/x", changed)
+    check_same_data({}, data_fingerprint(changed), "runs/x", changed)  # kept no digest

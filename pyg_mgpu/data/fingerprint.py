@@ -48,6 +48,18 @@ def earlier_fingerprint(tensors: dict[str, Tensor]) -> Optional[str]:
     return None if earlier == data_fingerprint(tensors) else earlier
 
 
+def same_data(saved: Optional[str], tensors: dict[str, Tensor],
+              current: Optional[str] = None) -> bool:
+    """Whether ``saved``, a digest a checkpoint or a run's ``metrics.json`` kept, names these
+    tensors: the digest of this release (``current``, if already computed) or of an earlier
+    one. None (kept before digests were) passes."""
+    if saved is None:
+        return True
+    if saved == (current or data_fingerprint(tensors)):
+        return True
+    return saved == earlier_fingerprint(tensors)
+
+
 class _NoDigest(Exception):
     pass
 

@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from pyg_mgpu.data.fingerprint import same_data
+
 
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
     """Writes ``path`` through ``write(file)`` into a temporary file beside it
@@ -231,11 +233,12 @@ def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
                    out / CHECKPOINT)
 
 
-def check_same_data(ckpt: dict, data_fingerprint: str, resume: str) -> None:
-    """Refuses to resume on data other than the checkpoint's (checkpoints written before the
-    fingerprint was kept pass)."""
-    saved = ckpt.get("data_fingerprint")
-    if saved is not None and saved != data_fingerprint:
+def check_same_data(ckpt: dict, data_fingerprint: str, resume: str,
+                    tensors: dict[str, torch.Tensor]) -> None:
+    """Refuses to resume on data other than the checkpoint's ``tensors``, whose digest is
+    ``data_fingerprint`` (checkpoints written before the fingerprint was kept pass, and those
+    whose digest an earlier release computed are compared the way they were written)."""
+    if not same_data(ckpt.get("data_fingerprint"), tensors, data_fingerprint):
         raise ValueError(f"--resume {resume}: the checkpoint was trained on other data (the "
                          "dataset's features, labels, edges or splits differ from when it was "
                          "written); resume on the same data, or start afresh without --resume.")

@@ -128,7 +128,7 @@ def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path],
             check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.training.batch_size)
             fingerprint = data_fingerprint(graph.tensors())
             if resumed is not None:
-                check_same_data(resumed, fingerprint, cfg.faults.resume)
+                check_same_data(resumed, fingerprint, cfg.faults.resume, graph.tensors())
             if ctx.is_main:
                 print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
                       f"{ctx.device.type}\n{cfg.recipe_summary()}", flush=True)
