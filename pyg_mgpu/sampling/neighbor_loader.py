@@ -30,6 +30,7 @@ from pyg_mgpu.sampling.checks import check_input_nodes
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
 from pyg_mgpu.sampling.walk_batches import Batches, WalkBatches, check_sample_batches
+from pyg_mgpu.seeds import rank_seed
 
 
 class EpochBatchSampler:
@@ -280,11 +281,11 @@ def sampler_options(arguments: dict) -> dict:
 def rank_sampler(data, num_neighbors, kwargs: dict, *, seed: Optional[int],
                  rank: Optional[int], **options) -> NeighborSampler:
     """A loader's own :class:`NeighborSampler`: in shared memory for DataLoader workers, and
-    seeded per rank (``seed * 1009 + rank``), so that each rank draws its own samples while the
+    seeded per rank (:func:`~pyg_mgpu.seeds.rank_seed`), so that each rank draws its own samples while the
     epochs' permutation is shared."""
     return NeighborSampler(data, num_neighbors=num_neighbors,
                            share_memory=kwargs.get("num_workers", 0) > 0,
-                           seed=None if seed is None else seed * 1009 + (rank or 0), **options)
+                           seed=None if seed is None else rank_seed(seed, rank or 0), **options)
 
 
 def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,

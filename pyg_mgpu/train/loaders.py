@@ -23,6 +23,7 @@ from pyg_mgpu.data.pinned import pinned_graph_tensors
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+from pyg_mgpu.seeds import rank_seed
 
 
 def pyg_sampler_available() -> bool:
@@ -206,7 +207,7 @@ def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
         transform=feature_cache.attach if feature_cache else None,
         # Its own generator: iterating a DataLoader draws a seed, and drawing it from the
         # global RNG would shift the dropout stream of whichever rank happens to evaluate.
-        generator=torch.Generator().manual_seed(seed if rank is None else seed * 1009 + rank),
+        generator=torch.Generator().manual_seed(seed if rank is None else rank_seed(seed, rank)),
         # Host batches bound for a GPU: pinned, so the copy is asynchronous. DataLoader pins
         # what workers return, which is only the finished batch when they also gather its rows
         # (filter_per_worker).

@@ -14,6 +14,7 @@ from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.grad_sync import GradSync, broadcast_parameters, deferred_all_reduce
 from pyg_mgpu.nn.hetero import HeteroGNN
 from pyg_mgpu.nn.models import build_model
+from pyg_mgpu.seeds import dropout_seed
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.graphed_step import GraphedStep
 
@@ -78,5 +79,5 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
                                  weight_decay=cfg.model.weight_decay,
                                  fused=(ours and _FUSED_CPU_ADAM) or ctx.device.type == "cuda"
                                  or None)
-    torch.manual_seed(cfg.training.seed * 7919 + 1 + ctx.rank)  # independent dropout masks per rank
+    torch.manual_seed(dropout_seed(cfg.training.seed, ctx.rank))  # independent dropout masks per rank
     return Trainee(model, ddp, optimizer, grad_sync, graphed)

@@ -30,6 +30,7 @@ from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signa
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
+from pyg_mgpu.seeds import eval_loader_seed
 from pyg_mgpu.train.busy import BusyShare, nvml_reader
 from pyg_mgpu.train.checkpoint import (
     CHECKPOINT,
@@ -75,7 +76,7 @@ class Evaluator:
         # Same seed on every rank and in every mode: the eval sample depends on the node only
         # through the batch it lands in, and with fanout -1 not at all.
         return make_loader(self.graph, nodes, fanout=self.cfg.training.fanout, sampler=self.sampler,
-                           seed=self.cfg.training.seed + 7919,
+                           seed=eval_loader_seed(self.cfg.training.seed),
                            batch_size=self.cfg.evaluation.eval_batch_size or self.cfg.training.batch_size,
                            feature_cache=self.feature_cache, device=self.ctx.device)
 
