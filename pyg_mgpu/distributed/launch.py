@@ -1,4 +1,5 @@
-"""The only module that sets up and tears down ``torch.distributed``, and starts ranks.
+"""Starts ranks and runs a rank function in each, inside the process group that
+:mod:`.process_group` (the only module that creates and destroys them) sets up for it.
 
 Two launchers run the same rank function:
 - our own spawner (``launch_local``): one process per device, the graph passed to every rank

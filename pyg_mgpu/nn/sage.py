@@ -63,9 +63,8 @@ class _ReLUDropout(torch.autograd.Function):
     by its exact inverse, so the layer stays unbiased in expectation. The mask is applied to the
     ReLU's output as an integer AND (see ``_keep_mask``). Backward needs only the output: a unit
     passed the ReLU and the mask exactly where the output is positive (ReLU's own backward
-    kernel). Forward plus backward of a 15k x 256 layer on one thread, against the float-mask
-    version before it: 12.1 -> 8.8 ms in fp32, 11.7 -> 6.4 ms in bf16 (p = 0.5, medians of 5
-    interleaved rounds).
+    kernel). Its time against the float-mask version: docs/benchmarks.md, "Model kernels on one
+    CPU thread".
     """
 
     @staticmethod
@@ -107,11 +106,8 @@ class _MeanAggregate(torch.autograd.Function):
     Forward: ``embedding_bag(mode="mean")`` reads each neighbour row once and writes only the
     means (fbgemm's kernels on CPU). Backward: source ``u`` receives ``grad[v] / deg(v)`` from
     each destination ``v`` it feeds, a sum bag per source over the edges regrouped by source.
-    Against ``torch.sparse`` CSR products (``spmm(reduce="mean")``), one thread, caches
-    flushed: layer 1 of a [25, 10] batch (143k edges, 128 features) 12.3 -> 7.0 ms in fp32 and
-    11.8 -> 3.7 ms in bf16; layer 2's forward plus backward (17k edges, 256 features) 6.4 ->
-    5.3 ms in fp32 and 5.1 -> 4.2 ms in bf16, where embedding_bag's own backward took 6.6 and
-    5.7 ms.
+    Faster than ``torch.sparse`` CSR products (``spmm(reduce="mean")``) forward and backward,
+    in fp32 and bf16: docs/benchmarks.md, "Model kernels on one CPU thread".
 
     The second output is the first ``num_root`` rows of ``x_src`` (the destinations' own rows,
     a view): their gradient is added into the aggregation's in place, where slicing outside
@@ -272,8 +268,8 @@ def _dst_pointers(col: Tensor, num_dst: int, without_sync: Optional[bool] = None
     those into the first ``k`` nodes: every trimmed layer's adjacency is a prefix of this one.
 
     On CUDA (``without_sync`` by default) a binary search per pointer: ``bincount`` reads its
-    maximum back to the host, a stall per batch. On CPU ``bincount`` is faster (0.2 against 0.8
-    ms for 160k edges into 15k nodes).
+    maximum back to the host, a stall per batch. On CPU ``bincount`` is faster
+    (docs/benchmarks.md, "Model kernels on one CPU thread").
     """
     if without_sync is None:
         without_sync = takes_gpu_path(col)
