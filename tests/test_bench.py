@@ -178,18 +178,49 @@ def test_cache_eviction_covers_twice_the_last_level_cache(monkeypatch, cache_mb,
     assert sampler_bench._eviction_bytes(torch.device("cpu")) == evicted_mb << 20
 
 
+class StepClock:
+    """A ``perf_counter`` that advances one second a call: every timed span is one second, so
+    a rate is the edges its spans sampled, and a rate computed wrong shows as a wrong count."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 1.0
+        return self.now
+
+
 @pytest.mark.slow
-def test_sampler_bench_reports_edges_per_second(tmp_path):
-    assert bench.main(TINY + ["--sampler-only", "--batches", "3", "--out", str(tmp_path)]) == 0
+def test_sampler_bench_rates_are_the_edges_sampled_over_the_time_taken(tmp_path, monkeypatch):
+    # Every neighbour (fanout -1): each batch's edges are fixed, whichever mode or generator.
+    monkeypatch.setattr(sampler_bench, "time", StepClock())
+    batches = 3
+    assert bench.main(TINY + ["--sampler-only", "--fanout=-1,-1", "--batches", str(batches),
+                              "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
+    # One span per batch and mode in the interleaved turns, one span over every batch through
+    # the loader: the same edges of the same batches both ways.
+    per_batch = results["directional_1_thread"]
+    assert per_batch > 0
+    assert per_batch * batches == pytest.approx(results["directional_loader_0_workers"])
+    assert results["directional_loader_1_workers"] == results["directional_loader_0_workers"]
+    # A disjoint tree per seed holds at least the joint batch's edges.
+    assert results["disjoint_1_thread"] >= per_batch
     for mode in sampler_bench.SAMPLER_MODES:
         assert results[f"{mode}_1_thread"] > 0, mode
-        assert results[f"{mode}_vs_directional"] > 0, mode
-    assert results["temporal_1_thread"] > 0 and results["temporal_vs_disjoint"] > 0
-    assert results["hetero_1_thread"] > 0 and results["hetero_vs_directional"] > 0
-    assert results["hetero_temporal_1_thread"] > 0 and results["hetero_temporal_vs_disjoint"] > 0
-    assert results["directional_loader_0_workers"] > 0
+        assert results[f"{mode}_vs_directional"] == pytest.approx(
+            results[f"{mode}_1_thread"] / per_batch), mode
+    for name in ("temporal", "hetero", "hetero_temporal"):
+        assert results[f"{name}_1_thread"] > 0, name
+        assert results[f"{name}_vs_directional"] == pytest.approx(
+            results[f"{name}_1_thread"] / per_batch), name
+        assert results[f"{name}_vs_disjoint"] == pytest.approx(
+            results[f"{name}_1_thread"] / results["disjoint_1_thread"]), name
+    # One edge type dealt into three, each with every neighbour: the same edges as one.
+    assert results["hetero_1_thread"] == per_batch
     assert results["directional_8_per_walk_1_thread"] > 0  # walks of 8 batches
+    assert results["directional_8_per_walk_vs_directional"] == pytest.approx(
+        results["directional_8_per_walk_1_thread"] / per_batch)
 
 
 GPU_SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.sh"

@@ -41,7 +41,11 @@ def test_accuracy_says_what_it_cannot_score():
     data.y = torch.tensor([0, 1, 0, 1, 0, 1])
     with pytest.raises(ValueError, match=r"got logits \(3, 1\) and labels \(3,\)"):
         accuracy(GraphSAGE(4, 8, num_layers=1, out_channels=1), loader, sum_over_ranks=False)
-    assert 0 <= accuracy(two_classes, loader, sum_over_ranks=False) <= 1
+    # Labels the model's own predictions but on nodes 1 and 4: 4 of 6 right.
+    predicted = full_graph_logits(two_classes, data).argmax(-1)
+    data.y = predicted.clone()
+    data.y[[1, 4]] = 1 - predicted[[1, 4]]
+    assert accuracy(two_classes, loader, sum_over_ranks=False) == 4 / 6
 
 
 @pytest.mark.slow
