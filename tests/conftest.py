@@ -1,9 +1,18 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures and the device guard shared by the test modules."""
 from pathlib import Path
 
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def pytest_runtest_setup(item):
+    """A test marked ``gpu`` (``@pytest.mark.gpu``, the shared device guard) needs CUDA and
+    skips without it."""
+    if item.get_closest_marker("gpu") is not None:
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
 
 
 @pytest.fixture

@@ -241,7 +241,6 @@ def test_full_shared_memory_maps_the_cache_instead(tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("graph_on, cache_gb, cached_rows", [
     ("gpu", "0.01", 0),  # features on the GPU already: no cache
     ("cpu", "0", 0),  # cache turned off: every row copied per batch

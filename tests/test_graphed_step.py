@@ -252,7 +252,6 @@ def test_two_ranks_train_the_same_with_the_padded_step(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_replayed_step_gives_the_unpadded_logits_loss_and_gradients():
     step, steps = check_same_steps(torch.device("cuda", 0))
     # Every layout that outlived its warm-up steps was captured, and replayed from then on.
@@ -263,7 +262,6 @@ def test_the_replayed_step_gives_the_unpadded_logits_loss_and_gradients():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_replays_draw_the_eager_steps_dropout_masks():
     # A replay advances CUDA's random offsets as an eager step does: the same masks, in turn.
     device = torch.device("cuda", 0)
@@ -282,7 +280,6 @@ def test_replays_draw_the_eager_steps_dropout_masks():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_trains_on_one_gpu_as_eagerly(tmp_path):
     # 4 epochs of 8 steps: a tiny graph's layout may still grow late in the second.
     eager, graphed = without_and_with_cuda_graph(tmp_path,

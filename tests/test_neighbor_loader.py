@@ -719,7 +719,6 @@ def test_same_seed_same_batches(options):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("options", [{}, {"weight_attr": "edge_attr"}, {"disjoint": True}])
 def test_samples_on_the_device_that_holds_the_graph(options):
     data = random_graph(dtype=torch.int32)

@@ -138,7 +138,6 @@ def test_depth_0_splits_loading_into_sampling_and_gathering():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_copies_to_the_gpu_on_a_side_stream():
     device = torch.device("cuda", 0)
     with Prefetcher(batches(5), device, depth=2) as prefetcher:

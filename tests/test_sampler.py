@@ -176,7 +176,6 @@ def test_zero_fanout_draws_nothing(graph):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_runs_on_cuda_tensors(graph):
     cuda_graph = ConvertedGraph(**{k: v.cuda() if isinstance(v, torch.Tensor) else v
                                for k, v in graph.__dict__.items()})
