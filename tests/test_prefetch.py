@@ -1,6 +1,5 @@
 """The background prefetcher: same batches in the same order, errors surface, early exit stops it."""
 import threading
-import time
 
 import pytest
 import torch
@@ -23,41 +22,59 @@ def test_yields_every_batch_in_order():
 
 
 def test_runs_ahead_in_another_thread():
-    seen = []
+    seen, second_drawn = [], threading.Event()
 
     def recording(n):
         for b in batches(n):
             seen.append(threading.current_thread().name)
+            if len(seen) == 2:
+                second_drawn.set()
             yield b
     with Prefetcher(recording(3), CPU, depth=1) as prefetcher:
-        deadline = time.monotonic() + 5
-        while len(seen) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # nothing consumed yet: one batch queued, the next one in hand
+        # Nothing consumed yet: one batch queued, the next one in hand, and no third drawn.
+        assert second_drawn.wait(5)
         assert len(seen) == 2
         assert list(prefetcher) and len(seen) == 3
     assert set(seen) == {"pyg_mgpu-prefetch"}
 
 
+# How long a test waits for what must not happen: a correct prefetcher never does it, so a
+# slow machine can only let a broken one pass, never fail a correct one.
+QUIET_S = 0.1
+
+
 def test_no_batch_is_prepared_while_paused():
     # A CUDA graph is captured inside paused(): the loader's thread must not work meanwhile.
-    preparing = threading.Event()
+    started = [threading.Event() for _ in range(4)]
+    finish_first = threading.Event()
 
-    def slow(n):
-        for b in batches(n):
-            preparing.set()
-            time.sleep(0.05)
-            preparing.clear()
+    def gated(n):  # batch 0 waits to be let finish
+        for i, b in enumerate(batches(n)):
+            started[i].set()
+            if i == 0 and not finish_first.wait(5):
+                raise TimeoutError("batch 0 was never let finish")
             yield b
-    got, seen_preparing = [], []
-    with Prefetcher(slow(6), CPU, depth=1) as prefetcher:
-        for batch in prefetcher:  # each time, the thread is preparing the next one
-            got.append(int(batch.x[0, 0]))
-            with prefetcher.paused():
-                for _ in range(5):
-                    seen_preparing.append(preparing.is_set())
-                    time.sleep(0.01)
-    assert got == list(range(6))
-    assert not any(seen_preparing)
+    entered, leave = threading.Event(), threading.Event()
+
+    def pause(prefetcher):
+        with prefetcher.paused():
+            entered.set()
+            leave.wait(5)
+    with Prefetcher(gated(4), CPU, depth=1) as prefetcher:
+        assert started[0].wait(5)
+        pausing = threading.Thread(target=pause, args=(prefetcher,))
+        pausing.start()
+        assert not entered.wait(QUIET_S), "paused() did not wait for the batch in progress"
+        finish_first.set()
+        assert entered.wait(5)
+        begun = sum(event.is_set() for event in started)  # batch 1 may precede the pause
+        # Taking a batch makes room in the queue: the thread's next step would be the next batch.
+        got = [int(prefetcher.next().x[0, 0])]
+        assert not started[begun].wait(QUIET_S), "a batch was prepared while paused"
+        leave.set()
+        pausing.join(5)
+        got += [int(batch.x[0, 0]) for batch in prefetcher]
+    assert got == [0, 1, 2, 3]
 
 
 def test_an_error_while_loading_reaches_the_training_loop():
