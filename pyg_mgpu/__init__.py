@@ -18,6 +18,8 @@ so they need neither pyg-lib nor torch-sparse. See docs/api.md.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # Each public name and the module that defines it. They are imported when first used, so that
@@ -46,6 +48,20 @@ _HOMES = {
 }
 
 __all__ = sorted(_HOMES)
+
+
+class _Package(types.ModuleType):
+    """This package, keeping ``predict`` the library's function: importing the command module
+    ``pyg_mgpu.predict`` (``python -m pyg_mgpu.predict``) would otherwise rebind the name to
+    that module, and what ``pyg_mgpu.predict`` is would depend on what was imported before."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "predict" and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["pyg_mgpu.predict"]
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

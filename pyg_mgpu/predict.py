@@ -7,8 +7,8 @@ training run would use. It writes ``.npy`` outputs and ``predictions.json`` (sha
 the commit, each split's accuracy) to ``--out`` (default ``RUN_DIR/predictions``). Mistakes in
 the input end with one ``error:`` line and exit code 2, before anything is written.
 
-``pyg_mgpu.predict`` is also the library's function: importing this module binds the name to
-the module, so the module is callable, as the function (:func:`pyg_mgpu.inference.predict`).
+``pyg_mgpu.predict`` stays the library's function (:func:`pyg_mgpu.inference.predict`) after
+this module is imported: the package keeps the name (see ``pyg_mgpu/__init__.py``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -360,16 +359,6 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return 1
     return 0
 
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as :func:`pyg_mgpu.inference.predict` (see the docstring)."""
-
-    def __call__(self, *args, **kwargs):
-        from pyg_mgpu.inference import predict
-        return predict(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())

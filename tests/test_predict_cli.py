@@ -2,16 +2,18 @@
 and one error line (exit 2, nothing written) for every input it cannot use."""
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import pyg_mgpu
-import pyg_mgpu.predict as predict_command
 from pyg_mgpu.distributed_sampling import main as train
 from pyg_mgpu.nn.sage import GraphSAGE
 from pyg_mgpu.predict import main
+
+predict_command = sys.modules["pyg_mgpu.predict"]
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.dataset import load_configured
 
@@ -135,11 +137,13 @@ def test_bad_input_is_one_error_line_and_nothing_is_written(run_copy, tmp_path, 
     assert not out.exists()
 
 
-def test_the_module_is_callable_as_the_library_function(tmp_path):
+def test_the_name_stays_the_library_function_once_the_command_is_imported(tmp_path):
     from torch_geometric.data import Data
     data = Data(x=torch.randn(5, 8), edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]))
     model = GraphSAGE(8, 16, 4, 2).eval()
-    assert pyg_mgpu.predict is predict_command  # importing the command bound the name
+    assert predict_command.__name__ == "pyg_mgpu.predict"  # imported above, by main
+    from pyg_mgpu.inference import predict
+    assert pyg_mgpu.predict is predict
     got = pyg_mgpu.predict(model, data, tmp_path, outputs=["logits"])
     torch.testing.assert_close(torch.from_numpy(np.array(got.logits)),
                                model(data.x, data.edge_index), rtol=0, atol=1e-5)
