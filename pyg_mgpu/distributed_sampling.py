@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import signal
 import sys
 import time
 import traceback
@@ -18,7 +17,7 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.tools.cli import Parser
+from pyg_mgpu.tools.cli import Parser, stopped_at_start_is_one_line
 
 # torch, PyG and the rest of the package are imported inside the functions, under main()'s
 # handling of Ctrl-C: loading them takes seconds, and a Ctrl-C then is a stop like any other.
@@ -344,11 +343,7 @@ def _start(cfg, out: Optional[Path]) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C while torch or the data loads: no rank has started
-        print("\nerror: stopped by SIGINT", file=sys.stderr)
-        return 128 + signal.SIGINT
+    return stopped_at_start_is_one_line(_main, argv)
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.tools.cli import Parser
+from pyg_mgpu.tools.cli import Parser, stopped_at_start_is_one_line
 
 # torch and the package's layers are imported inside the functions, as the training CLI does.
 
@@ -327,11 +326,7 @@ def run(args) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C while torch or the data loads: no rank has started
-        print("\nerror: stopped by SIGINT", file=sys.stderr)
-        return 128 + signal.SIGINT
+    return stopped_at_start_is_one_line(_main, argv)
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:

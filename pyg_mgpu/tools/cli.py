@@ -1,8 +1,12 @@
 """What every pyg_mgpu command's parser shares: help that shows each flag's default once, and a
-refused flag reported in one ``error:`` line, as every other input error is."""
+refused flag reported in one ``error:`` line, as every other input error is; and a Ctrl-C
+before any rank has started reported as a stop, in one line."""
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+from typing import Callable, Optional, Sequence
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -25,3 +29,15 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message}\n({self.prog} --help lists every flag)\n")
+
+
+def stopped_at_start_is_one_line(command: Callable[[Optional[Sequence[str]]], int],
+                                 argv: Optional[Sequence[str]]) -> int:
+    """``command(argv)``'s exit code; a Ctrl-C that reaches it (while torch or the data loads:
+    no rank has started, so nothing else reports it) ends with ``error: stopped by SIGINT``
+    and exit code 130."""
+    try:
+        return command(argv)
+    except KeyboardInterrupt:
+        print("\nerror: stopped by SIGINT", file=sys.stderr)
+        return 128 + signal.SIGINT
