@@ -35,6 +35,7 @@ from torch_geometric.sampler import (EdgeSamplerInput, HeteroSamplerOutput, Nega
                                      NodeSamplerInput, SamplerOutput)
 from torch_geometric.sampler.base import DataType, SubgraphType
 
+from pyg_mgpu.data.csc import index_dtype
 from pyg_mgpu.gpu_path import host_work, iota, takes_gpu_path, to_device
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
 from pyg_mgpu.sampling.batches import BatchCounts, split_batches
@@ -152,8 +153,8 @@ class NeighborSampler(PyGNeighborSampler):
             self.index_dtype = (torch.int32 if self.data_type == DataType.homogeneous
                                 and data.get("edge_index") is not None
                                 and data.edge_index.dtype == torch.int32 else torch.long)
-            self.edge_dtype = (self.index_dtype if self.csc.num_edges <= _INT32_MAX
-                               else torch.long)
+            self.edge_dtype = (torch.long if self.index_dtype == torch.long
+                               else index_dtype(self.csc.num_edges))
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.fanouts  # checks the edge types and hop counts
         self.replace = replace
@@ -395,7 +396,6 @@ class NeighborSampler(PyGNeighborSampler):
             self._seeded_for_worker = info.id
 
 
-_INT32_MAX = torch.iinfo(torch.int32).max
 _INPUT_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a HeteroData "
                 "or a (FeatureStore, GraphStore) pair; got something else.")
 _SEEDS_ERROR = ("this sampler was built on a homogeneous graph: its seeds are one tensor of "

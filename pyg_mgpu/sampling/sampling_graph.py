@@ -88,7 +88,7 @@ class SamplingGraph:
 
         One array per node type, sized for the most copies asked for so far: fewer copies (an
         epoch's last, shorter walk; a one-batch walk) are its first entries, never a second
-        array. :func:`~.numbering.batches_per_walk` bounds the copies a walk asks for."""
+        array. :func:`~.numbering.max_batches_per_walk` bounds the copies a walk asks for."""
         size = self.num_nodes[node_type] * copies
         lookup = self.lookups.get(node_type)
         if lookup is None or lookup.device != self.device or lookup.numel() < size:
