@@ -24,6 +24,7 @@ from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import attach_csc, csc_of
+from pyg_mgpu.data.graph import HALF_FEATURES
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 
 
@@ -93,8 +94,7 @@ def compute_features(x: Tensor) -> Tensor:
     """A batch's feature rows as the model computes on them: features stored in half
     precision (fp16 or bf16, half the memory) become float32, except under autocast, which
     casts them itself."""
-    half = x.dtype in (torch.float16, torch.bfloat16)
-    if half and not torch.is_autocast_enabled(x.device.type):
+    if x.dtype in HALF_FEATURES and not torch.is_autocast_enabled(x.device.type):
         return x.float()
     return x
 

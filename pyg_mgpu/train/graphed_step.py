@@ -38,6 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pyg_mgpu.data.graph import HALF_FEATURES
+
 PAD_LABEL = -100  # cross_entropy's default ignore_index
 # A fanout's batches vary in size by about 1% (a hop's largest count was 1.4% above its mean
 # at 200k nodes, fanout 15,10,5): 2% above the count that needs it, few layouts follow.
@@ -232,7 +234,7 @@ class GraphedStep:
     def _new_layout(self, layout: PaddedLayout, batch) -> None:
         self._graph = self._outputs = None  # the old graph's memory goes back to the pool
         # Half-precision features are copied in as float32 unless the step autocasts.
-        half = batch.x.dtype in (torch.float16, torch.bfloat16)
+        half = batch.x.dtype in HALF_FEATURES
         feature_dtype = torch.float32 if half and not self.amp else batch.x.dtype
         self.static = StaticBatch(layout, batch.x.size(1), feature_dtype=feature_dtype,
                                   index_dtype=batch.edge_index.dtype, device=self.device)
