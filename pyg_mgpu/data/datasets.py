@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import zipfile
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
@@ -20,7 +18,6 @@ from pyg_mgpu.data import sources
 from pyg_mgpu.data.cache import cache_folder, load_cached
 from pyg_mgpu.data.graph import ConvertedGraph, DatasetError, feature_dtype_for
 from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS, load_hetero_dataset
-from pyg_mgpu.data.npz import NpzArray, npz_members
 from pyg_mgpu.data.sources import PLANETOID
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 
@@ -173,16 +170,9 @@ def _convert(key: Optional[str], name: str, root: str | Path | None, seed: int,
 
 
 def _stored_feature_dtype(key: Optional[str], name: str) -> torch.dtype:
-    """The features' type in the source: a ``.npz`` file's, read from its header (float32
-    where it cannot be read: the conversion then says what is wrong); float32 for the rest."""
-    if key is None:
-        try:
-            info = npz_members(Path(name)).get("x")
-            if info is not None and NpzArray(Path(name), info).dtype == np.float16:
-                return torch.float16
-        except (OSError, ValueError, zipfile.BadZipFile):
-            pass
-    return torch.float32
+    """The features' type as the source is read: a ``.npz`` file's
+    (:func:`~pyg_mgpu.data.sources.npz_feature_dtype`), float32 for the rest."""
+    return sources.npz_feature_dtype(Path(name)) if key is None else torch.float32
 
 
 def _cache_identity(key: Optional[str], name: str, root: str | Path | None, seed: int,

@@ -41,10 +41,7 @@ def earlier_fingerprint(tensors: dict[str, Tensor]) -> Optional[str]:
     (its float32 starts could differ from :func:`block_starts` on large tensors), or None where
     it equals :func:`data_fingerprint` or that release could not compute one: a checkpoint
     holding it resumes on the same data."""
-    try:
-        earlier = _digest(tensors, float32_block_starts)
-    except _NoDigest:
-        return None
+    earlier = _float32_digest(tensors)
     return None if earlier == data_fingerprint(tensors) else earlier
 
 
@@ -57,11 +54,19 @@ def same_data(saved: Optional[str], tensors: dict[str, Tensor],
         return True
     if saved == (current or data_fingerprint(tensors)):
         return True
-    return saved == earlier_fingerprint(tensors)
+    return saved == _float32_digest(tensors)
 
 
 class _NoDigest(Exception):
     pass
+
+
+def _float32_digest(tensors: dict[str, Tensor]) -> Optional[str]:
+    """The digest with the float32 starts, or None where they overran a tensor."""
+    try:
+        return _digest(tensors, float32_block_starts)
+    except _NoDigest:
+        return None
 
 
 def _digest(tensors: dict[str, Tensor], starts_of: Callable[[int], Optional[Tensor]]) -> str:

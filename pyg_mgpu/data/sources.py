@@ -121,6 +121,22 @@ def _check_label_gaps(y: torch.Tensor, error: Callable[[str], DatasetError]) -> 
                     "those classes are meant to be empty")
 
 
+def _feature_dtype(features: NpzArray) -> torch.dtype:
+    """The type ``.npz`` features are read into: float16 kept (MAG240M's fp16 features would
+    double as float32), anything else float32."""
+    return torch.float16 if features.dtype == np.float16 else torch.float32
+
+
+def npz_feature_dtype(path: Path) -> torch.dtype:
+    """The type :func:`load_npz` reads ``path``'s features into, from the array's header alone
+    (float32 where it cannot be read: the conversion then says what is wrong)."""
+    try:
+        info = npz_members(path).get("x")
+        return torch.float32 if info is None else _feature_dtype(NpzArray(path, info))
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return torch.float32
+
+
 def load_npz(path: Path) -> ConvertedGraph:
     """Reads a ``.npz`` graph without loading its edge list whole: the conversion streams
     ``edge_index`` (of any integer type) from the file and the features go straight into their
@@ -150,9 +166,7 @@ def load_npz(path: Path) -> ConvertedGraph:
         if len(features.shape) != 2 or features.shape[0] == 0:
             raise error(f"features x must be a non-empty [num_nodes, num_features] matrix, got "
                         f"shape {features.shape}")
-        # A stored half precision is kept (MAG240M's fp16 features would double as float32).
-        stored = torch.float16 if features.dtype == np.float16 else torch.float32
-        x = features.read_into(torch.empty(features.shape, dtype=stored))
+        x = features.read_into(torch.empty(features.shape, dtype=_feature_dtype(features)))
         if num_classes is not None:
             if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):
                 raise error(f"num_classes must be one integer, got {num_classes!r}")
