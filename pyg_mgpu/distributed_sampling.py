@@ -360,7 +360,8 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     except (ConfigError, ValueError, OSError) as e:
         if debug:
             traceback.print_exc()
-        print(f"error: {in_flags(e)}", file=sys.stderr)
+        # One write: torchrun's ranks share the launcher's stderr, and each may refuse at once.
+        sys.stderr.write(f"error: {in_flags(e)}\n")
         return 2
     except (JobStopped, StopSignal) as e:  # StopSignal: this process is a torchrun rank
         if not isinstance(e, StopSignal) or int(os.environ.get("RANK", 0)) == 0:
