@@ -4,11 +4,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from pyg_mgpu.distributed_sampling import main
+
+REPO = Path(__file__).resolve().parents[1]
 from pyg_mgpu.nn.sage import GraphSAGE
 
 TINY = ["--num-nodes", "1500", "--num-edges", "15000", "--num-features", "8",
@@ -18,6 +21,10 @@ TINY_TEST_NODES = 300  # the default split: a fifth of the nodes
 
 @pytest.mark.parametrize("argv,message", [
     (["--fanout", "25,0"], "--fanout"),
+    (["--fanout", "5,x"], "--fanout takes comma-separated int values such as 25,10, got '5,x'"),
+    (["--split-fractions", "0.5,a,0.2"], "--split-fractions takes comma-separated float values"),
+    (["--model", "mlp"], "--model must be one of sage, gcn, gat, gin, rgcn, got 'mlp'"),
+    (["--norm", "group"], "--norm must be one of none, batch, layer, got 'group'"),
     (["--epochs", "0"], "--epochs must be a positive integer"),
     (["--batch-size", "-4"], "--batch-size must be a positive integer"),
     (["--dropout", "1.5"], "--dropout"),
@@ -42,9 +49,8 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--fanout", "5,x"], "argument --fanout: comma-separated integers such as 25,10 expected"),
+    (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["--model", "mlp"], "argument --model: invalid choice: 'mlp'"),
 ])
 def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -266,3 +272,27 @@ def test_dataloader_workers_in_spawned_ranks(tmp_path):
     assert set(metrics["epochs"][0]["stage_times_s"]) == {"load", "forward", "backward",
                                                           "allreduce", "optimizer",
                                                           "checkpoint"}
+
+
+def test_every_flag_is_a_setting_and_every_setting_a_flag():
+    """The parser is made from the settings' definitions: no flag of the main command is
+    declared anywhere else, and each choice is listed once, in its setting."""
+    from dataclasses import fields
+
+    from pyg_mgpu.distributed_sampling import build_parser
+    from pyg_mgpu.train.config import TrainConfig
+    from pyg_mgpu.train.recipes import RECIPE_FIELDS
+    from pyg_mgpu.train.setting import flag_fields, flag_of
+
+    settings = [f for group in fields(TrainConfig) for f in flag_fields(group.default_factory)]
+    parser = build_parser()
+    flags = {flag for action in parser._actions for flag in action.option_strings} - {"-h",
+                                                                                      "--help"}
+    assert flags == {flag_of(f.name) for f in settings}
+    assert {f.name for f in settings if f.metadata["from_recipe"]} == set(RECIPE_FIELDS)
+    source = (REPO / "pyg_mgpu" / "distributed_sampling.py").read_text()
+    assert "add_argument(" not in source and "choices=" not in source
+    for action in parser._actions:  # the metavar shows the choices; the config checks them
+        assert action.choices is None, action.option_strings
+    model = parser.parse_args(["--model", "gat"])
+    assert TrainConfig.from_flags(**vars(model)).model.hidden == 64  # the gat recipe's

@@ -41,3 +41,42 @@ def stopped_at_start_is_one_line(command: Callable[[Optional[Sequence[str]]], in
     except KeyboardInterrupt:
         print("\nerror: stopped by SIGINT", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, config_type: type,
+                      helps: Optional[dict[str, str]] = None) -> None:
+    """One flag per setting of ``config_type`` (a dataclass of settings groups, such as
+    :class:`~pyg_mgpu.train.config.TrainConfig`), one ``--help`` section per group, all made
+    from the settings' own definitions (:func:`~pyg_mgpu.train.setting.setting`).
+
+    The flags' values go to the config as the command line gives them: the config checks
+    choices and parses lists, so each is checked in one place. A setting left to the model's
+    recipe has no default here, so the config can tell it was not given. ``helps``: another
+    help text for some settings, by name (a command that writes elsewhere describes ``out``).
+    """
+    from dataclasses import fields
+
+    from pyg_mgpu.train.setting import flag_fields, flag_of
+
+    for group in fields(config_type):
+        settings = group.default_factory
+        section = parser.add_argument_group(settings.TITLE, getattr(settings, "NOTE", None))
+        for f in flag_fields(settings):
+            meta = f.metadata
+            text = (helps or {}).get(f.name, meta["help"])
+            if f.default is False:
+                section.add_argument(flag_of(f.name), dest=f.name, action="store_true",
+                                     help=text)
+                continue
+            default = f.default
+            if meta["from_recipe"]:
+                default = argparse.SUPPRESS
+            elif isinstance(default, tuple):
+                default = ",".join(map(str, default))
+            metavar = meta["metavar"]
+            if meta["choices"]:
+                metavar = "{" + ",".join(meta["choices"]) + "}"
+            kind = meta["type"] or (type(f.default) if f.default is not None else str)
+            section.add_argument(flag_of(f.name), dest=f.name, default=default,
+                                 type=str if kind is tuple else kind, metavar=metavar,
+                                 help=text)
