@@ -12,7 +12,7 @@ from pyg_mgpu.tools.compare_dgl import (DEFAULT_TOLERANCE, EXIT_ACCURACY_GAP, EX
                                         EXIT_SIDE_FAILED, FIXED_FLAGS, CompareError,
                                         CompareOptions, SideFailed, run)
 from pyg_mgpu.train.config import ConfigError, TrainConfig, in_flags
-from pyg_mgpu.train.plots import RunError
+from pyg_mgpu.train.metrics import RunError
 
 _OWN = ("dgl_python", "dgl_sampler", "tolerance", "repeats", "side_timeout", "compare_only")
 

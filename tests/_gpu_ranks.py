@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 
-from pyg_mgpu.train.evaluation import all_reduce_sum
+from pyg_mgpu.metrics.reduce import all_reduce_sum
 
 
 def collectives_on_the_gpu(ctx, result):

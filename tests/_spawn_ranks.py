@@ -5,7 +5,7 @@ import torch
 from torch_geometric.data import Data
 
 import pyg_mgpu.data.csc as csc_module
-from pyg_mgpu.train.evaluation import accuracy, global_ratio
+from pyg_mgpu.metrics import accuracy, global_ratio
 
 
 def record_context(ctx, result):
@@ -77,7 +77,7 @@ def seeds_from_cached_stores(ctx, graph, result):
     loader.set_epoch(1)
     seeds = torch.cat([batch.n_id[:batch.batch_size] for batch in loader])
     result[ctx.rank, :seeds.numel()] = seeds
-    from pyg_mgpu.data.graph import MappedTensor
+    from pyg_mgpu.data.sharing import MappedTensor
     converted = graph.feature_store.graph
     result[ctx.rank, -1] = int("x" in converted.mapped and isinstance(converted.x, MappedTensor))
 

@@ -6,6 +6,7 @@ import stat
 import pytest
 import torch
 
+from pyg_mgpu import files
 from pyg_mgpu.train import checkpoint
 from pyg_mgpu.distributed_sampling import main
 
@@ -35,7 +36,7 @@ def test_outputs_get_the_mode_the_umask_gives(tmp_path, umask, mode):
     # As open() would make them: readable by a team on a shared machine where the umask says so.
     before = os.umask(umask)
     try:
-        path = checkpoint.save_json({"a": 1}, tmp_path / "metrics.json")
+        path = files.save_json({"a": 1}, tmp_path / "metrics.json")
     finally:
         os.umask(before)
     assert stat.S_IMODE(path.stat().st_mode) == mode

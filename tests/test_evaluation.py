@@ -10,8 +10,9 @@ from torch_geometric.nn.models import GIN, GraphSAGE
 import pyg_mgpu.data.csc as csc_module
 from pyg_mgpu.data import SyntheticSpec, load_dataset
 from pyg_mgpu.distributed.launch import spawn
+from pyg_mgpu.inference.layerwise import layerwise_inference
+from pyg_mgpu.metrics import accuracy, global_ratio
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
-from pyg_mgpu.train.evaluation import accuracy, global_ratio, layerwise_inference
 
 import _spawn_ranks
 from _spawn_ranks import SHARDS, Logits

@@ -48,7 +48,7 @@ def test_trimmed_seed_outputs_and_gradients_equal_untrimmed(name, fanout):
 def test_gcn_is_pygs_gcn_untrimmed_and_layerwise():
     # Our GCN only moves the normalization out of the layers: same parameters, same outputs,
     # also through PyG's layer-wise inference (which calls the layers directly).
-    from pyg_mgpu.train.evaluation import layerwise_inference
+    from pyg_mgpu.inference.layerwise import layerwise_inference
     g, batch = sampled_batch([10, 5])
     torch.manual_seed(0)
     ours = build_model("gcn", 16, 32, g.num_classes, 2).eval()

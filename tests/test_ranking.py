@@ -7,7 +7,7 @@ from sklearn.metrics import roc_auc_score
 import _ranks
 import pyg_mgpu
 from pyg_mgpu.distributed.launch import launch_local
-from pyg_mgpu.train.ranking import auc
+from pyg_mgpu.metrics.ranking import auc
 
 CPU2 = [torch.device("cpu")] * 2
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from pyg_mgpu.tools.report import format_table, main
-from pyg_mgpu.train.plots import load_metrics, plot_run
+from pyg_mgpu.train.metrics import load_metrics
+from pyg_mgpu.train.plots import plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

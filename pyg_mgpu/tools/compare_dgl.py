@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pyg_mgpu.files import save_json, save_text
 from pyg_mgpu.tools.comparison import (
     SIDES,
     Verdict,
@@ -33,9 +34,8 @@ from pyg_mgpu.tools.comparison import (
     format_report,
     format_table,
 )
-from pyg_mgpu.train.checkpoint import save_json, save_text
 from pyg_mgpu.train.config import TrainConfig, flag_of
-from pyg_mgpu.train.plots import RunError
+from pyg_mgpu.train.metrics import RunError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # pyg_mgpu/tools/ -> the checkout
 DGL_SCRIPT = REPO_ROOT / "benchmarks" / "dgl_variant.py"

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.train.plots import RunError, load_metrics
+from pyg_mgpu.train.metrics import RunError, load_metrics
 
 SIDES = ("pyg_mgpu", "dgl")
 

@@ -22,8 +22,8 @@ from typing import Optional, Sequence
 
 import psutil
 
+from pyg_mgpu.files import save_json
 from pyg_mgpu.tools.cli import Parser
-from pyg_mgpu.train.checkpoint import save_json
 
 MB = 2 ** 20  # MB here means MiB, as in metrics.json's peak_mem_mb
 

@@ -13,9 +13,10 @@ from typing import Callable, Optional, Sequence
 
 from matplotlib.figure import Figure
 
+from pyg_mgpu.files import save_text
 from pyg_mgpu.tools.cli import Parser
-from pyg_mgpu.train.checkpoint import save_text
-from pyg_mgpu.train.plots import RunError, epoch_axis, load_metrics, save_figure, series
+from pyg_mgpu.train.metrics import RunError, load_metrics
+from pyg_mgpu.train.plots import epoch_axis, save_figure, series
 
 
 def _fmt(spec: str) -> Callable[[object], str]:

@@ -1,5 +1,5 @@
-"""Checkpoints for ``--resume``, written atomically: a crash mid-write never leaves a truncated
-file where a good one was.
+"""Checkpoints for ``--resume``, written atomically (:func:`~pyg_mgpu.files.atomic_write`): a
+crash mid-write never leaves a truncated file where a good one was.
 
 A checkpoint holds everything an exact continuation needs: weights, optimizer state, history,
 the best model so far, every rank's random state (its dropout masks and samples) and, for one
@@ -7,68 +7,24 @@ taken inside an epoch, where in the epoch it was and each rank's partial loss an
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
+from pyg_mgpu import files
 from pyg_mgpu.data.fingerprint import same_data
+from pyg_mgpu.files import atomic_write
 
-
-def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
-    """Writes ``path`` through ``write(file)`` into a temporary file beside it
-    (``.NAME.XXXXXXXX.tmp``), then renames it over ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as f:
-            # mkstemp makes the file private (0600): give it the mode open() would have.
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, whole
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def remove_partial_writes(folder: Path) -> list[Path]:
-    """Deletes the temporary files of :func:`atomic_write` in ``folder``: a process killed
-    mid-write (SIGKILL, a lost machine) leaves its temporary file behind. Only for a folder no
-    live process writes to. Returns the paths deleted."""
-    removed = []
-    for path in Path(folder).glob(".*.tmp"):
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            path.unlink()
-            removed.append(path)
-    return removed
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # reading it means setting it: put it straight back
-    os.umask(mask)
-    return mask
+# The command ``pyg_mgpu.predict`` imports it from here.
+save_json = files.save_json
 
 
 def save_torch(obj: Any, path: Path) -> Path:
     return atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def save_json(obj: Any, path: Path) -> Path:
-    return atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
-
-
-def save_text(text: str, path: Path) -> Path:
-    return atomic_write(path, lambda f: f.write(text), mode="w")
 
 
 CHECKPOINT = "checkpoint.pt"
@@ -207,13 +163,14 @@ def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, history: list, best: dict,
                     best_state: dict, sampler, step: Optional[StepPosition] = None,
                     padded_layout: Optional[tuple] = None,
-                    data_fingerprint: Optional[str] = None) -> None:
+                    data_fingerprint: Optional[str] = None, plan: Optional[dict] = None) -> None:
     """Everything ``--resume`` needs to continue exactly, written atomically by rank 0.
 
     ``epoch``: the epochs finished; ``step``: set for a checkpoint taken inside the next epoch;
     ``padded_layout``: this rank's padded sizes with ``--cuda-graph``; ``data_fingerprint``:
-    the data's (:func:`~pyg_mgpu.data.fingerprint.data_fingerprint`), which a resume checks.
-    A collective: every rank's RNG state (each draws its own dropout masks and samples),
+    the data's (:func:`~pyg_mgpu.data.fingerprint.data_fingerprint`), which a resume checks;
+    ``plan``: the run plan's resolved settings (:mod:`pyg_mgpu.train.plan`), which a resume
+    compares. A collective: every rank's RNG state (each draws its own dropout masks and samples),
     padded layout and, in mid-epoch, its partial sums are gathered.
     """
     mine = {"rng": rng_state(sampler, ctx.device, step and step.sampler_state),
@@ -229,7 +186,7 @@ def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
                     "optimizer": optimizer.state_dict(), "history": history, "best": best,
                     "best_state": best_state, "rng": [r["rng"] for r in ranks],
                     "padded_layouts": [r["padded_layout"] for r in ranks],
-                    "data_fingerprint": data_fingerprint},
+                    "data_fingerprint": data_fingerprint, "plan": plan},
                    out / CHECKPOINT)
 
 

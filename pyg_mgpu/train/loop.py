@@ -18,15 +18,11 @@ from tqdm import tqdm
 
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.grad_sync import GradSync
+from pyg_mgpu.metrics.batches import seed_outputs, seed_store
+from pyg_mgpu.metrics.reduce import all_reduce_sum, global_ratio
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.evaluation import (
-    all_reduce_sum,
-    global_ratio,
-    seed_outputs,
-    seed_store,
-)
 from pyg_mgpu.train.graphed_step import GraphedStep
 
 

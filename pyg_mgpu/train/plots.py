@@ -4,48 +4,13 @@ needs a display and importing this module changes no global matplotlib state.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from pyg_mgpu.train.checkpoint import atomic_write
-
-RUN_HINT = "pass a folder written by `python -m pyg_mgpu.distributed_sampling --out DIR`"
-
-
-class RunError(ValueError):
-    """A folder given as a run is missing, incomplete or unreadable."""
-
-
-def load_metrics(run_dir: Path) -> dict:
-    """Reads and sanity-checks ``run_dir/metrics.json``.
-
-    Args:
-        run_dir: A run folder.
-
-    Returns:
-        The metrics dict, with a non-empty ``epochs`` list.
-
-    Raises:
-        RunError: The folder or file is missing, or the file is not a run's metrics.
-    """
-    run_dir = Path(run_dir)
-    path = run_dir / "metrics.json"
-    if not run_dir.is_dir():
-        raise RunError(f"{run_dir}: no such folder; {RUN_HINT}")
-    if not path.is_file():
-        raise RunError(f"{run_dir}: has no metrics.json (did the run finish?); {RUN_HINT}")
-    try:
-        metrics = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunError(f"{path}: cannot be read as JSON ({e}); {RUN_HINT}") from None
-    records = metrics.get("epochs") if isinstance(metrics, dict) else None
-    if not records or not isinstance(records, list) \
-            or not all(isinstance(r, dict) and "epoch" in r for r in records):
-        raise RunError(f"{path}: has no per-epoch records under 'epochs'; {RUN_HINT}")
-    return metrics
+from pyg_mgpu.files import atomic_write
+from pyg_mgpu.train.metrics import load_metrics
 
 
 def series(metrics: dict, key: str) -> tuple[list[int], list[float]]:
@@ -74,7 +39,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         The paths written.
 
     Raises:
-        RunError: ``run_dir`` holds no usable ``metrics.json``.
+        ~pyg_mgpu.train.metrics.RunError: ``run_dir`` holds no usable ``metrics.json``.
     """
     run_dir = Path(run_dir)
     metrics = load_metrics(run_dir)

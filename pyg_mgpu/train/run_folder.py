@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from pyg_mgpu.train.checkpoint import (CHECKPOINT, describe, not_a_checkpoint,
-                                       remove_partial_writes)
+from pyg_mgpu.files import remove_partial_writes
+from pyg_mgpu.train.checkpoint import CHECKPOINT, describe, not_a_checkpoint
 
 LOCK = ".lock"
 # A process killed a moment ago holds its locks until the kernel has torn it down, and freeing

@@ -27,6 +27,8 @@ from tqdm import tqdm
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
+from pyg_mgpu.inference.layerwise import layerwise_inference
+from pyg_mgpu.metrics import accuracy
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
@@ -41,7 +43,6 @@ from pyg_mgpu.train.checkpoint import (
     save_torch,
 )
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.evaluation import accuracy, layerwise_inference
 from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
 from pyg_mgpu.train.loaders import (

@@ -5,7 +5,7 @@ A rank's AUC over its own edges, averaged over ranks, is not the AUC over all of
 pairs across ranks are never compared). :func:`global_auc` gathers every rank's scores once,
 at the end of an evaluation, and ranks them together. Per-query metrics (:func:`ranking_metrics`:
 a positive edge against its own negatives) are sums over queries, added over the ranks with
-one all-reduce and divided once, as :func:`~pyg_mgpu.train.evaluation.global_ratio` does.
+one all-reduce and divided once, as :func:`~pyg_mgpu.metrics.reduce.global_ratio` does.
 Nothing here reads a GPU value back before the end: the checks of the inputs (finite scores,
 labels 0 or 1) are counted with the metric and read in the same one read, on every rank alike,
 so every rank raises the same error and none is left waiting in a collective.
@@ -19,33 +19,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from pyg_mgpu.train.evaluation import all_reduce_sum
-
-
-def all_gather_cat(values: Tensor) -> Tensor:
-    """Every rank's ``values`` (1-D, any length per rank), concatenated in rank order.
-
-    A collective: every rank must call it. Without an initialized process group ``values``
-    is returned unchanged.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return values
-    # NCCL gathers CUDA tensors only; gloo takes host tensors.
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend() == "nccl" else torch.device("cpu"))
-    local = values.reshape(-1).to(device)
-    size = torch.tensor([local.numel()], device=device)
-    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, size)
-    sizes = [int(s) for s in sizes]
-    padded = torch.zeros(max(sizes), dtype=local.dtype, device=device)
-    padded[:local.numel()] = local
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes)]).to(values.device)
+from pyg_mgpu.metrics.reduce import all_gather_cat, all_reduce_sum
 
 
 def auc(scores: Tensor, labels: Tensor) -> float:

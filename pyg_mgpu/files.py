@@ -1,0 +1,61 @@
+"""Files written atomically: a crash mid-write never leaves a truncated file where a good one
+was, and readers see the old file or the new one, whole.
+
+Every output of a run (checkpoints, ``metrics.json``, figures, reports) is written through
+:func:`atomic_write`; :func:`remove_partial_writes` sweeps the temporary files of writers that
+were killed before their rename.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
+    """Writes ``path`` through ``write(file)`` into a temporary file beside it
+    (``.NAME.XXXXXXXX.tmp``), then renames it over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            # mkstemp makes the file private (0600): give it the mode open() would have.
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, whole
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def remove_partial_writes(folder: Path) -> list[Path]:
+    """Deletes the temporary files of :func:`atomic_write` in ``folder``: a process killed
+    mid-write (SIGKILL, a lost machine) leaves its temporary file behind. Only for a folder no
+    live process writes to. Returns the paths deleted."""
+    removed = []
+    for path in Path(folder).glob(".*.tmp"):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading it means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def save_json(obj: Any, path: Path) -> Path:
+    return atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
+
+
+def save_text(text: str, path: Path) -> Path:
+    return atomic_write(path, lambda f: f.write(text), mode="w")
