@@ -4,8 +4,9 @@ It rebuilds the run's model and dataset from the configuration the run recorded
 (``metrics.json``'s ``config``, or its ``checkpoint.pt``'s for a run that did not finish), loads
 ``best.pt`` (or ``--checkpoint``), and runs :func:`pyg_mgpu.inference.predict` on every rank a
 training run would use. It writes ``.npy`` outputs and ``predictions.json`` (shapes, dtypes,
-the commit, each split's accuracy) to ``--out`` (default ``RUN_DIR/predictions``). Mistakes in
-the input end with one ``error:`` line and exit code 2, before anything is written.
+the commit, each split's accuracy) to ``--out`` (default ``RUN_DIR/predictions``), one folder
+per node type for a heterogeneous run. Mistakes in the input end with one ``error:`` line and
+exit code 2, before anything is written or any rank starts.
 
 ``pyg_mgpu.predict`` stays the library's function (:func:`pyg_mgpu.inference.predict`) after
 this module is imported: the package keeps the name (see ``pyg_mgpu/__init__.py``).
@@ -205,15 +206,17 @@ def _predict_rank(ctx, model, graph, out: str, options: dict) -> None:
             **options)
 
 
-def accuracies(out: Path, graph, nodes, outputs: list[str]) -> dict:
-    """Each split's accuracy over the predicted nodes in it (none without class outputs)."""
+def accuracies(folder: Path, graph, nodes, outputs: list[str]) -> dict:
+    """Each split's accuracy over the predicted nodes in it (none without class outputs);
+    ``folder`` holds the labelled type's outputs."""
     import numpy as np
     import torch
     source = next((name for name in ("labels", "logits", "probabilities") if name in outputs),
                   None)
     if source is None:
         return {}
-    stored = np.load(out / f"{source}.npy", mmap_mode="r")
+    stored = np.load(folder / f"{source}.npy", mmap_mode="r")
+    labels = graph.data[graph.target].y if graph.is_hetero else graph.y
     result = {}
     for split in SPLITS:
         idx = getattr(graph, f"{split}_idx").long()
@@ -229,9 +232,23 @@ def accuracies(out: Path, graph, nodes, outputs: list[str]) -> dict:
         picked = torch.from_numpy(np.asarray(stored[np.sort(rows.numpy())]))
         pred = picked if source == "labels" else picked.argmax(dim=-1)
         by_row = torch.argsort(rows)  # stored rows were read in increasing order
-        correct = int((pred == graph.y[idx[by_row]]).sum())
+        correct = int((pred == labels[idx[by_row]]).sum())
         result[split] = {"accuracy": correct / idx.numel(), "nodes": idx.numel()}
     return result
+
+
+def build_run_model(cfg, graph):
+    """The run's model, as its ranks built it (weights not loaded)."""
+    from pyg_mgpu.nn.hetero import HeteroGNN
+    from pyg_mgpu.nn.models import build_model
+    if graph.is_hetero:
+        return HeteroGNN(graph.data.metadata(), graph.num_features, cfg.model.hidden,
+                         graph.num_classes, cfg.training.num_layers, graph.target,
+                         cfg.model.dropout, conv=cfg.model.model)
+    ours = cfg.model.recipe == "pyg_mgpu"
+    return build_model(cfg.model.model, graph.num_features, cfg.model.hidden, graph.num_classes,
+                       cfg.training.num_layers, cfg.model.dropout, heads=cfg.model.heads,
+                       norm=cfg.model.norm, sparse_aggregation=ours, fast_dropout=ours)
 
 
 def run(args) -> dict:
@@ -239,10 +256,10 @@ def run(args) -> dict:
     from pyg_mgpu.data.fingerprint import data_fingerprint, same_data
     from pyg_mgpu.distributed.devices import RANKS_PER_CORE_LIMIT, resolve_devices
     from pyg_mgpu.distributed.launch import launch_local
-    from pyg_mgpu.inference import HIDDEN_DTYPES, OUTPUTS
-    from pyg_mgpu.inference.layers import layer_widths, model_layers
+    from pyg_mgpu.inference import HIDDEN_DTYPES, OUTPUTS, Predictions
     from pyg_mgpu.inference.arguments import check_embeddings, check_nodes
-    from pyg_mgpu.nn.models import build_model
+    from pyg_mgpu.inference.layers import stack_of
+    from pyg_mgpu.inference.predictions import check_resume
     from pyg_mgpu.train.checkpoint import save_json
     from pyg_mgpu.train.config import TrainConfig
     from pyg_mgpu.train.dataset import load_configured
@@ -258,9 +275,6 @@ def run(args) -> dict:
     metrics, config = read_run(run_dir)
     known = TrainConfig().flat()
     cfg = TrainConfig.from_flags(**{k: v for k, v in config.items() if k in known})
-    if cfg.is_hetero:
-        raise ValueError(f"{run_dir} trained on the heterogeneous --dataset {cfg.data.dataset}; "
-                         "predictions are written for homogeneous graphs only.")
     check_embeddings(args.embeddings, cfg.training.num_layers)
     devices = resolve_devices(args.devices, args.nprocs, args.backend,
                               max_per_core=RANKS_PER_CORE_LIMIT)
@@ -270,10 +284,7 @@ def run(args) -> dict:
         raise ValueError(f"the dataset has changed since the run in {run_dir} trained on it "
                          f"(--dataset {cfg.data.dataset}: its features, labels, edges or splits "
                          "differ); predict on the data the model was trained on.")
-    ours = cfg.model.recipe == "pyg_mgpu"
-    model = build_model(cfg.model.model, graph.num_features, cfg.model.hidden, graph.num_classes,
-                        cfg.training.num_layers, cfg.model.dropout, heads=cfg.model.heads,
-                        norm=cfg.model.norm, sparse_aggregation=ours, fast_dropout=ours)
+    model = build_run_model(cfg, graph)
     try:
         model.load_state_dict(weights)
     except RuntimeError as e:
@@ -283,36 +294,37 @@ def run(args) -> dict:
                          f"{cfg.training.num_layers} layers): {first} Pass a checkpoint of the "
                          f"run in {run_dir}.") from None
     nodes = read_nodes(args.nodes, graph)
+    labelled = graph.data[graph.target].num_nodes if graph.is_hetero else graph.num_nodes
     if nodes is not None:
-        nodes = check_nodes(nodes, graph.num_nodes)
-    widths = layer_widths(model_layers(model.eval()), graph.num_features)
+        nodes = check_nodes(nodes, labelled)
+    stack = stack_of(model.eval())
+    widths = stack.widths(graph.num_features if graph.is_hetero else
+                          {stack.target: graph.num_features})
     out = Path(args.out) if args.out else run_dir / "predictions"
     prepare_out(out, args.resume, args.overwrite,
-                _needed_bytes(graph.num_nodes, graph.num_nodes if nodes is None else nodes.numel(),
+                _needed_bytes(graph.num_nodes, labelled if nodes is None else nodes.numel(),
                               widths, outputs, args.embeddings,
                               HIDDEN_DTYPES[args.hidden_dtype]().itemsize))
-    graph.share_memory_()
     fingerprint = metrics.get("data_fingerprint") or data_fingerprint(graph.tensors())
     options = dict(outputs=outputs, embeddings=args.embeddings, nodes=nodes,
-                   batch_size=args.batch_size, hidden_dtype=args.hidden_dtype,
-                   resume=args.resume, key={"data": fingerprint})
+                   batch_size=args.batch_size, hidden_dtype=args.hidden_dtype)
+    key = {"data": fingerprint}
+    if args.resume:  # layers of another model or data: refused here, before any rank starts
+        check_resume(model, graph, out, key=key, **options)
+    graph.share_memory_()
+    options.update(resume=args.resume, key=key)
     print(f"{graph.summary()} | {cfg.model.model}, {cfg.training.num_layers} layers | "
           f"{len(devices)} rank(s) on {devices[0].type} | writing to {out}", flush=True)
     launch_local(_predict_rank, devices, args=(model, graph, str(out), options),
                  timeout_s=args.timeout_s, backend=args.backend)
-    from pyg_mgpu.inference.predictions import Predictions
-    import numpy as np
-    opened = Predictions(out, np.load(out / "node_ids.npy", mmap_mode="r"),
-                         **{name: np.load(out / f"{name}.npy", mmap_mode="r") for name in outputs},
-                         embeddings=(np.load(out / "embeddings.npy", mmap_mode="r")
-                                     if args.embeddings else None),
-                         embeddings_dtype=args.hidden_dtype if args.embeddings else None)
+    opened = Predictions.load(out, stack.outputs(0) if graph.is_hetero else None)
+    target_folder = out / graph.target if graph.is_hetero else out
     summary = {
         "run": str(run_dir), "checkpoint": str(args.checkpoint or run_dir / "best.pt"),
         "commit": commit(), "dataset": cfg.data.dataset, "model": cfg.model.model,
         "num_nodes": graph.num_nodes, "nodes": args.nodes, "embeddings_layer": args.embeddings,
         "hidden_dtype": args.hidden_dtype, "files": opened.files(),
-        "accuracy": accuracies(out, graph, nodes, outputs),
+        "accuracy": accuracies(target_folder, graph, nodes, outputs),
         "run_test_acc_exact": metrics.get("test_acc_exact"),
         "world_size": len(devices), "device": devices[0].type,
         "time_s": time.perf_counter() - start,
@@ -320,7 +332,7 @@ def run(args) -> dict:
     save_json(summary, out / "predictions.json")
     scores = " | ".join(f"{split} acc {v['accuracy']:.4f}"
                         for split, v in summary["accuracy"].items())
-    print(f"predictions for {opened.node_ids.shape[0]:,} nodes in {out}"
+    print(f"predictions for {labelled if nodes is None else nodes.numel():,} nodes in {out}"
           + (f" | {scores}" if scores else ""), flush=True)
     return summary
 

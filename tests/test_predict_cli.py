@@ -1,5 +1,6 @@
 """python -m pyg_mgpu.predict: a trained run's predictions on its ranks, its exact accuracy,
 and one error line (exit 2, nothing written) for every input it cannot use."""
+import copy
 import json
 import shutil
 import sys
@@ -147,3 +148,68 @@ def test_the_name_stays_the_library_function_once_the_command_is_imported(tmp_pa
     got = pyg_mgpu.predict(model, data, tmp_path, outputs=["logits"])
     torch.testing.assert_close(torch.from_numpy(np.array(got.logits)),
                                model(data.x, data.edge_index), rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def hetero_run(tmp_path_factory):
+    """A run folder of an R-GCN on synthetic-hetero: its recorded config, its data's digest
+    and weights (as initialised: what is checked does not depend on training)."""
+    from pyg_mgpu.data.fingerprint import data_fingerprint
+    folder = tmp_path_factory.mktemp("hetero-run")
+    cfg = TrainConfig.from_flags(dataset="synthetic-hetero", model="rgcn", hidden=16)
+    graph = load_configured(cfg)
+    torch.manual_seed(0)
+    model = predict_command.build_run_model(cfg, graph).eval()
+    torch.save(model.state_dict(), folder / "best.pt")
+    (folder / "metrics.json").write_text(json.dumps(
+        {"config": cfg.flat(), "data_fingerprint": data_fingerprint(graph.tensors())}))
+    return folder, graph, model
+
+
+@pytest.mark.slow
+def test_a_hetero_runs_predictions_per_node_type_equal_its_full_graph_forward(hetero_run,
+                                                                             tmp_path):
+    folder, graph, model = hetero_run
+    out = tmp_path / "out"
+    assert main([str(folder), "--out", str(out), "--embeddings", "1", "--devices", "cpu",
+                 "--nprocs", "1"]) == 0
+    expected = model(graph.data.x_dict, graph.data.edge_index_dict)
+    logits = torch.from_numpy(np.load(out / "paper" / "logits.npy"))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+    summary = json.loads((out / "predictions.json").read_text())
+    test = graph.test_idx
+    correct = int((expected[test].argmax(-1) == graph.data["paper"].y[test]).sum())
+    assert summary["accuracy"]["test"] == {"accuracy": correct / test.numel(),
+                                           "nodes": test.numel()}
+    assert summary["files"]["author/embeddings"]["shape"] == [10_000, 16]
+    assert np.array_equal(np.load(out / "author" / "node_ids.npy"), np.arange(10_000))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("other", ["model", "data"])
+def test_resuming_layers_of_another_model_or_data_is_one_error_line(other, hetero_run,
+                                                                     tmp_path, capsys,
+                                                                     monkeypatch):
+    from pyg_mgpu.inference import predictions
+    folder, graph, model = hetero_run
+    out = tmp_path / "out"
+    stopped = copy.deepcopy(model)
+    key = {"data": json.loads((folder / "metrics.json").read_text())["data_fingerprint"]}
+    if other == "model":
+        torch.nn.init.zeros_(stopped.roots[0]["paper"].weight)
+    else:
+        key["data"] = "0" * 64
+
+    def stop_at_the_last(run, i):
+        if i == 1:
+            raise KeyboardInterrupt
+        run_layer(run, i)
+
+    run_layer = predictions._Run._run_layer
+    monkeypatch.setattr(predictions._Run, "_run_layer", stop_at_the_last)
+    with pytest.raises(KeyboardInterrupt):  # a job stopped after its first layer
+        pyg_mgpu.predict(stopped, graph, out, outputs=["logits", "labels"], key=key)
+    monkeypatch.undo()
+    err = error_of([str(folder), "--out", str(out), "--resume", "--devices", "cpu",
+                    "--nprocs", "1"], capsys)
+    assert f"holds layers computed with other {other}; start afresh" in err

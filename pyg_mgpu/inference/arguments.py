@@ -10,34 +10,86 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 
-from pyg_mgpu.data.csc import csc_of
+from pyg_mgpu.data.csc import csc_of, edge_type_csc
 from pyg_mgpu.data.graph import ConvertedGraph
+from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.errors import ArgumentError
+
+# A homogeneous graph is read as one node type and one edge type of these names.
+NODE = "node"
+EDGE = (NODE, "to", NODE)
 
 
 @dataclass
 class Graph:
-    """What prediction reads of a graph: its CSC (host tensors) and features."""
-    colptr: Tensor
-    row: Tensor
-    x: Tensor
+    """What prediction reads of a graph, per type.
+
+    Attributes:
+        x: Features per node type (a homogeneous graph's under :data:`NODE`).
+        csc: ``(colptr, row)`` host tensors per edge type (destinations as columns).
+        hetero: Whether outputs are written per node type (a ``HeteroData``).
+    """
+    x: dict[str, Tensor]
+    csc: dict[tuple, tuple[Tensor, Tensor]]
+    hetero: bool = False
+
+    def num_nodes(self, node_type: str) -> int:
+        return self.x[node_type].size(0)
 
     @property
-    def num_nodes(self) -> int:
-        return self.colptr.numel() - 1
+    def num_edges(self) -> int:
+        return sum(row.numel() for _, row in self.csc.values())
+
+    def in_degrees(self, edge_types: list[tuple], dst) -> Tensor:
+        """In-degree of each destination (a ``(start, end)`` range or ids) over ``edge_types``."""
+        total = 0
+        for et in edge_types:
+            colptr = self.csc[et][0]
+            if isinstance(dst, tuple):
+                total = total + (colptr[dst[0] + 1:dst[1] + 1] - colptr[dst[0]:dst[1]])
+            else:
+                total = total + (colptr[dst + 1] - colptr[dst])
+        return total
 
 
-def graph_of(data) -> Graph:
+def graph_of(data, node_types: Optional[list[str]] = None,
+             edge_types: Optional[list[tuple]] = None) -> Graph:
+    """``data`` as prediction reads it. ``node_types`` and ``edge_types``: those a
+    heterogeneous model reads (the features of the first, the CSCs of the second); None for a
+    homogeneous model."""
+    if isinstance(data, HeteroGraph):
+        data = data.data
+    if node_types is not None:
+        if not isinstance(data, HeteroData):
+            raise TypeError(f"a heterogeneous model predicts on a HeteroData, got "
+                            f"{type(data).__name__}.")
+        absent = [_key(et) for et in edge_types if et not in data.edge_types]
+        if absent:
+            raise ArgumentError(f"{{data}} has no edge type {', '.join(absent)}, which the "
+                                "model reads; predict on the graph it was trained on.")
+        missing = [t for t in node_types if t not in data.node_types or "x" not in data[t]]
+        if missing:
+            raise ArgumentError(f"{{data}} has no features x for node types "
+                                f"{', '.join(missing)}, which the model's first layer reads.")
+        return Graph({t: data[t].x for t in node_types},
+                     {et: _host(edge_type_csc(data, et)) for et in edge_types}, hetero=True)
     if isinstance(data, ConvertedGraph):
-        return Graph(data.colptr.cpu(), data.row.cpu(), data.x)
+        return Graph({NODE: data.x}, {EDGE: (data.colptr.cpu(), data.row.cpu())})
     if isinstance(data, HeteroData) or not isinstance(data, Data):
-        raise TypeError(f"predict takes a homogeneous graph (torch_geometric.data.Data or "
-                        f"pyg_mgpu's ConvertedGraph), got {type(data).__name__}; "
-                        "heterogeneous graphs are not supported.")
+        raise TypeError(f"a homogeneous model predicts on a torch_geometric.data.Data or "
+                        f"pyg_mgpu's ConvertedGraph, got {type(data).__name__}; for a "
+                        "heterogeneous graph pass pyg_mgpu's HeteroGNN.")
     if data.x is None:
         raise ArgumentError("{data} has no node features x; the model's first layer reads them.")
-    csc = csc_of(data)
-    return Graph(csc.colptr.cpu(), csc.row.cpu(), data.x)
+    return Graph({NODE: data.x}, {EDGE: _host(csc_of(data))})
+
+
+def _key(edge_type: tuple) -> str:
+    return "__".join(edge_type)
+
+
+def _host(csc) -> tuple[Tensor, Tensor]:
+    return csc.colptr.cpu(), csc.row.cpu()
 
 
 def check_nodes(nodes: Tensor, num_nodes: int) -> Tensor:

@@ -1,10 +1,11 @@
 """One batch of one layer: the destinations, all their in-edges, and their sources' rows.
 
-A batch's destinations are either a contiguous range of node ids (every node of a hidden layer,
-one rank's shard a range at a time) or any list of ids (the requested nodes of the last layer).
-Its block numbers the destinations first, in their order, then the other sources in increasing
-id, so that a self-loop stays a self-loop (row ``i`` is destination ``i``) and the rows read
-from a layer file come in file order.
+A batch's destinations are either a contiguous range of node ids (every node of a layer, one
+rank's shard a range at a time) or any list of ids (the requested nodes of the last layer, or
+the nodes a layer computes for them). Where sources and destinations are of one node type, its
+block numbers the destinations first, in their order, then the other sources in increasing id,
+so that a self-loop stays a self-loop (row ``i`` is destination ``i``) and the rows read from a
+layer file come in file order; an edge type between two node types numbers its sources alone.
 """
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ class Block:
     Attributes:
         dst: The destinations: a ``(start, end)`` range of node ids, or their ids.
         others: Ids of the sources that are not destinations, increasing; they are rows
-            ``num_dst..`` of the block.
+            ``num_dst..`` of the block (rows ``0..`` where ``shared`` is False).
         edge_index: ``[2, E]`` (source row, destination row) of every in-edge.
+        shared: Whether sources and destinations are one node type, the destinations' rows
+            coming first among the sources'.
     """
     dst: Union[tuple[int, int], Tensor]
     others: Tensor
     edge_index: Tensor
+    shared: bool = True
 
     @property
     def num_dst(self) -> int:
@@ -78,8 +82,13 @@ def in_edges(colptr: Tensor, row: Tensor, dst: Union[tuple[int, int], Tensor]
     return row[first[positions] + offsets].long(), positions
 
 
-def make_block(colptr: Tensor, row: Tensor, dst: Union[tuple[int, int], Tensor]) -> Block:
+def make_block(colptr: Tensor, row: Tensor, dst: Union[tuple[int, int], Tensor],
+               shared: bool = True) -> Block:
+    """The block of ``dst``'s in-edges; ``shared``: sources and destinations are one type."""
     src, positions = in_edges(colptr, row, dst)
+    if not shared:
+        others, rows = torch.unique(src, return_inverse=True)
+        return Block(dst, others, torch.stack([rows.view(-1), positions]), shared=False)
     if isinstance(dst, tuple):
         is_dst = (src >= dst[0]) & (src < dst[1])
         own = src - dst[0]
@@ -98,12 +107,25 @@ def make_block(colptr: Tensor, row: Tensor, dst: Union[tuple[int, int], Tensor])
 
 class Rows:
     """The rows of a layer's input: the features (a tensor) or a layer file (an array),
-    read as float32 a batch at a time."""
+    read as float32 a batch at a time.
 
-    def __init__(self, source: Union[Tensor, np.ndarray], dtype: Optional[str] = None):
-        self.source, self.dtype = source, dtype
+    Args:
+        source: The rows.
+        dtype: How a layer file stores them (a :data:`~pyg_mgpu.inference.store.HIDDEN_DTYPES`
+            name).
+        ids: For a layer computed for some nodes only: their ids, increasing, one per row of
+            ``source``; every node read must be among them.
+    """
+
+    def __init__(self, source: Union[Tensor, np.ndarray], dtype: Optional[str] = None,
+                 ids: Optional[np.ndarray] = None):
+        self.source, self.dtype, self.ids = source, dtype, ids
 
     def read(self, nodes: Union[tuple[int, int], Tensor]) -> Tensor:
+        if self.ids is not None:  # the nodes' rows in a file of the needed nodes
+            if isinstance(nodes, tuple):
+                nodes = torch.arange(*nodes)
+            nodes = torch.from_numpy(np.searchsorted(self.ids, nodes.numpy()))
         if isinstance(self.source, Tensor):
             x = (self.source[nodes[0]:nodes[1]] if isinstance(nodes, tuple)
                  else self.source.index_select(0, nodes.to(self.source.device)))
@@ -114,9 +136,12 @@ class Rows:
             rows = self.source[nodes.numpy()]
         return decode(rows, self.dtype)
 
-    def block_rows(self, block: Block) -> Tensor:
-        """The block's rows: its destinations', then the other sources'."""
-        own = self.read(block.dst)
+    def block_rows(self, block: Block, own: Optional[Tensor] = None) -> Tensor:
+        """The block's source rows: its destinations' (``own`` where already read), then the
+        other sources'."""
+        if not block.shared:
+            return self.read(block.others)
+        own = self.read(block.dst) if own is None else own.cpu()
         rows = own.new_empty((block.num_dst + block.others.numel(),) + own.shape[1:])
         rows[:block.num_dst] = own
         del own

@@ -11,6 +11,11 @@ GCN is the exception that needs the whole graph: ``gcn_norm`` weighs edge ``u ->
 ``1 / sqrt(deg(u) * deg(v))``, with degrees of the whole graph. Those are computed once for
 every node (:func:`gcn_inverse_sqrt_degrees`) and handed to every batch, whose block then runs
 with ``normalize=False`` on these weights, self-loops added as PyG adds them.
+
+:func:`stack_of` gives the run one view of any model it takes: per layer, the node types it
+outputs and the edge types each of them reads, and one batch's outputs
+(:class:`HomogeneousStack` here, :class:`~pyg_mgpu.inference.hetero.HeteroStack` for
+pyg_mgpu's heterogeneous models).
 """
 from __future__ import annotations
 
@@ -26,6 +31,10 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
 
+from pyg_mgpu.inference.arguments import EDGE, NODE, Graph
+from pyg_mgpu.inference.blocks import Rows, make_block
+from pyg_mgpu.inference.hetero import HeteroStack
+from pyg_mgpu.nn.hetero import HeteroGNN
 from pyg_mgpu.nn.models import GCN as TrimmedGCN
 from pyg_mgpu.nn.sage import GraphSAGE, sage_layer
 
@@ -132,7 +141,7 @@ def model_layers(model: nn.Module) -> list[Layer]:
     per-node normalization (or none).
 
     Raises:
-        TypeError: for other models (heterogeneous ones included), jumping knowledge that
+        TypeError: for other models, jumping knowledge that
             concatenates layers, or normalization across nodes.
     """
     if isinstance(model, nn.parallel.DistributedDataParallel):
@@ -144,8 +153,8 @@ def model_layers(model: nn.Module) -> list[Layer]:
     if not isinstance(model, BasicGNN):
         raise TypeError(f"{type(model).__name__} is not a model layer-wise prediction knows: it "
                         "takes pyg_mgpu's GraphSAGE and GCN, and PyG's BasicGNN models "
-                        "(torch_geometric.nn.GraphSAGE, GCN, GAT, GIN); heterogeneous models "
-                        "are not supported.")
+                        "(torch_geometric.nn.GraphSAGE, GCN, GAT, GIN), and pyg_mgpu's "
+                        "HeteroGNN for heterogeneous graphs.")
     if model.jk_mode not in (None, "last"):
         raise TypeError(f"jumping knowledge {model.jk_mode!r} combines every layer's output; "
                         "layer-wise prediction keeps one layer at a time (jk=None or 'last').")
@@ -210,3 +219,45 @@ def _device_of(layers: list[Layer]) -> torch.device:
         for param in layer.conv.parameters():
             return param.device
     return torch.device("cpu")
+
+
+class HomogeneousStack:
+    """A homogeneous model as the run computes it: one node type (:data:`NODE`) read over one
+    edge type (:data:`EDGE`), layer after layer."""
+    hetero = False
+    target = NODE
+
+    def __init__(self, model: nn.Module):
+        self.layers = model_layers(model)
+        self.num_layers = len(self.layers)
+        # GCN's whole-graph degrees, where a layer normalizes (one setting for every layer).
+        self.gcn = next((layer.gcn for layer in self.layers
+                         if layer.gcn and layer.gcn.normalize), None)
+
+    def outputs(self, i: int) -> list[str]:
+        return [NODE]
+
+    def reads(self, i: int, node_type: str) -> list[tuple]:
+        return [EDGE]
+
+    def input_types(self) -> tuple[list[str], list[tuple]]:
+        return [NODE], [EDGE]
+
+    def widths(self, in_channels: dict[str, int]) -> list[int]:
+        return layer_widths(self.layers, in_channels[NODE])
+
+    def step(self, i: int, node_type: str, dst, inputs: dict[str, Rows], graph: Graph,
+             device: torch.device, scale: Optional[Rows] = None) -> Tensor:
+        """Layer ``i``'s outputs for destinations ``dst`` (a range or ids), from ``inputs``
+        (the layer before's rows); ``scale``: GCN's ``deg ** -0.5`` of every node."""
+        block = make_block(*graph.csc[EDGE], dst)
+        weights = None if scale is None else scale.block_rows(block).to(device)
+        return self.layers[i](inputs[NODE].block_rows(block).to(device),
+                              block.edge_index.to(device), block.num_dst, weights)
+
+
+def stack_of(model: nn.Module):
+    """The layers of ``model`` as the run computes them: a :class:`HomogeneousStack`, or for
+    pyg_mgpu's :class:`~pyg_mgpu.nn.hetero.HeteroGNN` a
+    :class:`~pyg_mgpu.inference.hetero.HeteroStack`."""
+    return HeteroStack(model) if isinstance(model, HeteroGNN) else HomogeneousStack(model)

@@ -1,21 +1,21 @@
 """Every node's prediction and embedding, exact, layer by layer, in files every rank shares.
 
-Layer ``i`` is computed once for every node from all its in-neighbours' outputs of layer
-``i - 1``. The ranks split each layer's nodes into contiguous shards
-(:func:`~pyg_mgpu.sampling.sharding.shard_bounds`); each rank writes its shard's rows into the
-layer's ``.npy`` file through a mapping and reads the rows it needs of the layer before from
-that layer's file. No rank holds a whole layer, and no layer is gathered: what a rank holds is
-one batch's block. Between layers the ranks meet at a barrier, and rank 0 renames the finished
-file into place (:mod:`pyg_mgpu.inference.store`), which is also where a resumed run starts.
+Layer ``i`` is computed once for every node (of every node type it outputs) from all its
+in-neighbours' outputs of layer ``i - 1``; asked for some nodes only, each layer computes the
+nodes the next one reads (:mod:`pyg_mgpu.inference.closure`). The ranks split each layer's nodes
+of each type into contiguous shards (:func:`~pyg_mgpu.sampling.sharding.shard_bounds`); each rank
+writes its shard's rows into the layer's ``.npy`` file through a mapping and reads the rows it
+needs of the layer before from that layer's file. No rank holds a whole layer, and no layer is
+gathered: what a rank holds is one batch's block. Between layers the ranks meet at a barrier,
+and rank 0 renames the finished files into place (:mod:`pyg_mgpu.inference.store`), which is
+also where a resumed run starts.
 
-The folder ``out`` ends up with ``node_ids.npy`` and the requested outputs (``logits.npy``,
-``probabilities.npy``, ``labels.npy``, ``embeddings.npy``), one row per node id, in its order;
+The folder ``out`` ends up with the files :mod:`pyg_mgpu.inference.outputs` describes;
 ``out/layers/`` holds the hidden layers while they are needed and is removed at the end.
 """
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -23,49 +23,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch_geometric.data import Data
 from tqdm import tqdm
 
-from pyg_mgpu.data.graph import ConvertedGraph
-from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.inference import store
-from pyg_mgpu.inference.arguments import Graph, check_embeddings, check_nodes, graph_of
+from pyg_mgpu.inference.arguments import EDGE
 from pyg_mgpu.inference.blocks import BLOCK_BYTES, Rows, batches, make_block
-from pyg_mgpu.inference.layers import (Layer, gcn_degrees, inverse_sqrt,
-                                       layer_widths, model_layers)
+from pyg_mgpu.inference.layers import gcn_degrees, inverse_sqrt
+from pyg_mgpu.inference.outputs import FILES, OUTPUTS, Predictions
+from pyg_mgpu.inference.plan import LAYERS, Plan
 from pyg_mgpu.sampling.sharding import shard_bounds
 
-OUTPUTS = ("logits", "probabilities", "labels")
-_OUTPUT_DTYPES = {"logits": np.float32, "probabilities": np.float32, "labels": np.int64}
-LAYERS = "layers"  # the subfolder of out holding the hidden layers while they are needed
-
-
-@dataclass
-class Predictions:
-    """What :func:`predict` wrote, opened read-only (``numpy.load(mmap_mode="r")``).
-
-    Row ``j`` of every array is node ``node_ids[j]``. Outputs not asked for are None.
-    ``embeddings_dtype`` names how ``embeddings`` is stored (``bfloat16``: as ``uint16`` bit
-    patterns, see :func:`pyg_mgpu.inference.store.decode`).
-    """
-    folder: Path
-    node_ids: np.ndarray
-    logits: Optional[np.ndarray] = None
-    probabilities: Optional[np.ndarray] = None
-    labels: Optional[np.ndarray] = None
-    embeddings: Optional[np.ndarray] = None
-    embeddings_dtype: Optional[str] = None
-
-    def files(self) -> dict[str, dict]:
-        """Each file written: its name, shape and stored dtype."""
-        described = {}
-        for name in ("node_ids", *OUTPUTS, "embeddings"):
-            array = getattr(self, name)
-            if array is not None:
-                dtype = self.embeddings_dtype if name == "embeddings" else str(array.dtype)
-                described[name] = {"file": f"{name}.npy", "shape": list(array.shape),
-                                   "dtype": dtype}
-        return described
+__all__ = ["LAYERS", "OUTPUTS", "Predictions", "check_resume", "predict"]
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -88,7 +56,7 @@ def _from_rank0(value, world_size: int):
 
 
 @torch.no_grad()
-def predict(model: torch.nn.Module, data: Union[Data, ConvertedGraph], out: Union[str, Path], *,
+def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
             outputs: Sequence[str] = ("logits",), embeddings: Optional[int] = None,
             nodes: Optional[Tensor] = None, batch_size: int = 4096,
             hidden_dtype: str = "float32", device: Optional[torch.device] = None,
@@ -104,16 +72,20 @@ def predict(model: torch.nn.Module, data: Union[Data, ConvertedGraph], out: Unio
     of them see.
 
     Args:
-        model: pyg_mgpu's GraphSAGE or GCN, or PyG's ``GraphSAGE``, ``GCN``, ``GAT``, ``GIN``
-            (unwrapped from DDP), on ``device``.
-        data: The graph: a ``Data`` with ``x`` and ``edge_index`` (its cached CSC is reused),
-            or a ``ConvertedGraph``.
-        out: The folder to write; created if needed.
+        model: pyg_mgpu's GraphSAGE or GCN, PyG's ``GraphSAGE``, ``GCN``, ``GAT``, ``GIN``, or
+            pyg_mgpu's heterogeneous :class:`~pyg_mgpu.nn.hetero.HeteroGNN` (unwrapped from
+            DDP), on ``device``.
+        data: The graph: a ``Data`` with ``x`` and ``edge_index`` (its cached CSC is reused)
+            or a ``ConvertedGraph``; for a ``HeteroGNN`` a ``HeteroData`` (or pyg_mgpu's
+            ``HeteroGraph``) with ``x`` for every node type it reads.
+        out: The folder to write; created if needed. A heterogeneous model's outputs go to one
+            subfolder per node type (``out/paper/logits.npy``).
         outputs: Any of ``logits``, ``probabilities`` (softmax), ``labels`` (argmax).
         embeddings: Also keep hidden layer ``embeddings``'s output (1 to layers - 1: what the
-            next layer reads, after activation and normalization).
-        nodes: Ids of the nodes to write rows for (distinct); default every node. Hidden
-            layers are computed for every node either way.
+            next layer reads, after activation and normalization), of every node type it has.
+        nodes: Ids of the nodes to write rows for (distinct; for a ``HeteroGNN`` of its target
+            type, whose embeddings alone are then written); default every node. Each hidden
+            layer computes only the nodes the next layer reads for them.
         batch_size: Destination nodes per step (a step also reads all their in-edges).
         hidden_dtype: How hidden layers are stored: ``float32``, ``float16`` or ``bfloat16``
             (half the disk and reads; see :mod:`pyg_mgpu.inference.store`). Logits are float32.
@@ -124,7 +96,7 @@ def predict(model: torch.nn.Module, data: Union[Data, ConvertedGraph], out: Unio
         key: More facts a resumed call must share with the earlier one (e.g. a data digest).
 
     Returns:
-        :class:`Predictions`, the written arrays mapped read-only.
+        :class:`~pyg_mgpu.inference.outputs.Predictions`, the written arrays mapped read-only.
 
     Raises:
         ArgumentError: for outputs, embeddings, nodes, batch sizes or dtypes it cannot take.
@@ -143,28 +115,13 @@ def predict(model: torch.nn.Module, data: Union[Data, ConvertedGraph], out: Unio
         ...                atol=1e-5)
         True
     """
-    graph = graph_of(data)
-    layers = model_layers(model)
-    unknown = sorted(set(outputs) - set(OUTPUTS))
-    if unknown or (not outputs and embeddings is None):
-        raise ArgumentError(f"{{outputs}} takes any of {', '.join(OUTPUTS)}, got "
-                            f"{', '.join(unknown) or 'none (and no embeddings)'}.")
-    check_embeddings(embeddings, len(layers))
-    if batch_size < 1:
-        raise ArgumentError(f"{{batch_size={batch_size}}}: a step needs at least 1 node.")
-    if hidden_dtype not in store.HIDDEN_DTYPES:
-        raise ArgumentError(f"{{hidden_dtype={hidden_dtype}}}: expected one of "
-                            f"{', '.join(store.HIDDEN_DTYPES)}.")
-    if nodes is not None:
-        nodes = check_nodes(nodes, graph.num_nodes)
-    device = device or next(model.parameters()).device
-    rank, world_size = _rank_and_world()
-    run = _Run(layers, graph, Path(out), list(outputs), embeddings, nodes, batch_size,
-               hidden_dtype, device, rank, world_size, progress_bar)
+    plan = Plan(model, data, Path(out), outputs=outputs, embeddings=embeddings, nodes=nodes,
+                batch_size=batch_size, hidden_dtype=hidden_dtype)
+    run = _Run(plan, device or next(model.parameters()).device, progress_bar)
     was_training = model.training
     model.eval()
     try:
-        run.prepare(resume, {**(key or {}), "model": store.model_digest(model)})
+        run.prepare(resume, plan.manifest(model, key))
         run.compute()
         run.finish()
     finally:
@@ -172,163 +129,148 @@ def predict(model: torch.nn.Module, data: Union[Data, ConvertedGraph], out: Unio
     return run.opened()
 
 
-class _Run:
-    """One call of :func:`predict`: its files, and the layers still to compute."""
+def check_resume(model: torch.nn.Module, data, out: Union[str, Path], *,
+                 key: Optional[dict] = None, **options) -> None:
+    """Refuses, as :func:`predict` with ``resume=True`` would, layers in ``out`` computed with
+    another model, graph or options (``options``: :func:`predict`'s), before any rank starts.
 
-    def __init__(self, layers: list[Layer], graph: Graph, out: Path, outputs: list[str],
-                 embeddings: Optional[int], nodes: Optional[Tensor], batch_size: int,
-                 hidden_dtype: str, device: torch.device, rank: int, world_size: int,
-                 progress_bar: bool):
-        self.layers, self.graph, self.out = layers, graph, out
-        self.outputs, self.embeddings, self.nodes = outputs, embeddings, nodes
-        self.batch_size, self.hidden_dtype, self.device = batch_size, hidden_dtype, device
-        self.rank, self.world_size, self.progress_bar = rank, world_size, progress_bar
-        self.widths = layer_widths(layers, graph.x.size(1))
-        self.folder = out / LAYERS
-        self.num_out = graph.num_nodes if nodes is None else nodes.numel()
-        self.gcn = next((layer.gcn for layer in layers if layer.gcn and layer.gcn.normalize), None)
+    Raises:
+        ValueError: naming what differs.
+    """
+    plan = Plan(model, data, Path(out), **options)
+    _same_manifest(plan.out, store.read_manifest(plan.folder), plan.manifest(model, key))
+
+
+def _same_manifest(out: Path, before: Optional[dict], manifest: dict) -> None:
+    if before is not None and before != manifest:
+        differ = sorted(k for k in manifest.keys() | before.keys()
+                        if manifest.get(k) != before.get(k))
+        raise ValueError(f"{out} holds layers computed with other {', '.join(differ)}; start "
+                         "afresh there (without resume) or write to another folder.")
+
+
+class _Run:
+    """One call of :func:`predict` on this rank: the plan's layers computed, its files."""
+
+    def __init__(self, plan: Plan, device: torch.device, progress_bar: bool):
+        self.plan, self.device, self.progress_bar = plan, device, progress_bar
+        self.rank, self.world_size = _rank_and_world()
         self.start = 0
 
-    def layer_file(self, k: int) -> Path:
-        """Hidden layer ``k``'s output (1-based, as ``embeddings`` counts)."""
-        return self.folder / f"layer{k}.npy"
-
-    def _last_files(self) -> dict[str, Path]:
-        return {name: self.out / f"{name}.npy" for name in self.outputs}
-
-    def _last_done(self) -> bool:
-        return all(store.is_whole(path, self._out_shape(name), _OUTPUT_DTYPES[name])
-                   for name, path in self._last_files().items())
-
-    def _out_shape(self, name: str) -> tuple[int, ...]:
-        return (self.num_out,) if name == "labels" else (self.num_out, self.widths[-1])
-
-    def prepare(self, resume: bool, key: dict) -> None:
-        """Rank 0 checks or starts the folder; every rank learns which layer to start at."""
-        manifest = {**key, "num_nodes": self.graph.num_nodes,
-                    "num_edges": self.graph.row.numel(), "widths": self.widths,
-                    "hidden_dtype": self.hidden_dtype, "nodes": store.node_digest(self.nodes),
-                    "outputs": sorted(self.outputs), "embeddings": self.embeddings}
-        answer = (0, None)
+    def prepare(self, resume: bool, manifest: dict) -> None:
+        """Rank 0 checks or starts the folder and writes which nodes each layer computes;
+        every rank learns where to start and opens those lists."""
+        answer = (0, set(), None)
         if self.rank == 0:
             try:
-                answer = (self._prepare_folder(resume, manifest), None)
+                resumed = self._prepare_folder(resume, manifest)
+                subsets = self.plan.write_needed()
+                self.plan.open_needed(subsets)
+                answer = (self.plan.finished_layers() if resumed else 0, subsets, None)
             except (OSError, ValueError) as e:
-                answer = (0, e)
-        self.start, error = _from_rank0(answer, self.world_size)
+                answer = (0, set(), e)
+        self.start, subsets, error = _from_rank0(answer, self.world_size)
         if error is not None:
             raise error
+        self.plan.open_needed(subsets)
 
-    def _prepare_folder(self, resume: bool, manifest: dict) -> int:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.folder.mkdir(exist_ok=True)
-        store.remove_partials(self.out)
-        store.remove_partials(self.folder)
+    def _prepare_folder(self, resume: bool, manifest: dict) -> bool:
+        """Whether it resumes: the folder checked against ``manifest``, or started afresh."""
+        self.plan.out.mkdir(parents=True, exist_ok=True)
+        self.plan.folder.mkdir(exist_ok=True)
+        store.remove_partials(self.plan.out)
+        store.remove_partials(self.plan.folder)
         if resume:
-            before = store.read_manifest(self.folder)
-            if before is not None and before != manifest:
-                differ = sorted(k for k in manifest.keys() | before.keys()
-                                if manifest.get(k) != before.get(k))
-                raise ValueError(f"{self.out} holds layers computed with other "
-                                 f"{', '.join(differ)}; start afresh there (without resume) or "
-                                 "write to another folder.")
+            before = store.read_manifest(self.plan.folder)
+            _same_manifest(self.plan.out, before, manifest)
             if before is not None:
-                return self._finished_layers()
-        shutil.rmtree(self.folder)
-        self.folder.mkdir()
-        store.remove(*(self.out / f"{name}.npy" for name in ("node_ids", *OUTPUTS, "embeddings")))
-        store.write_manifest(self.folder, manifest)
-        return 0
-
-    def _finished_layers(self) -> int:
-        """How many layers are whole on disk (the next one to compute)."""
-        if self._last_done():
-            return len(self.layers)
-        for k in range(len(self.layers) - 1, 0, -1):
-            if store.is_whole(self.layer_file(k), (self.graph.num_nodes, self.widths[k - 1]),
-                              store.HIDDEN_DTYPES[self.hidden_dtype]):
-                return k
-        return 0
+                return True
+        shutil.rmtree(self.plan.folder)
+        self.plan.folder.mkdir()
+        for t in self.plan.stack.outputs(0):
+            store.remove(*(self.plan.out_folder(t) / f"{name}.npy" for name in FILES))
+        store.write_manifest(self.plan.folder, manifest)
+        return False
 
     def compute(self) -> None:
-        norm = self.folder / "gcn_norm.npy"
-        if (self.gcn is not None and self.start < len(self.layers)
-                and not store.is_whole(norm, (self.graph.num_nodes,), np.float32)):
+        norm = self.plan.folder / "gcn_norm.npy"
+        num_nodes = self.plan.graph.num_nodes(self.plan.target)
+        if (self.plan.gcn is not None and self.start < self.plan.num_layers
+                and not store.is_whole(norm, (num_nodes,), np.float32)):
             self._run_layer(-1)
-        for i in range(self.start, len(self.layers)):
+        for i in range(self.start, self.plan.num_layers):
             self._run_layer(i)
-            if self.rank == 0 and i >= 1 and i != self.embeddings:
-                store.remove(self.layer_file(i))  # read by layer i alone
+            if self.rank == 0 and i >= 1 and i != self.plan.embeddings:
+                store.remove(*(self.plan.layer_file(i, t) for t in self.plan.stack.outputs(i - 1)))
             _barrier(self.world_size)
 
     def _run_layer(self, i: int) -> None:
-        """Layer ``i`` for this rank's shard (-1: GCN's degrees), then its files made final."""
-        last = i == len(self.layers) - 1
-        num_rows = self.num_out if last else self.graph.num_nodes
-        files = self._files(i)
+        """Layer ``i`` for this rank's shards (-1: GCN's degrees), then its files made final."""
+        files = self.plan.files(i)
         if self.rank == 0:
-            for path, shape, dtype in files:
+            for _, path, shape, dtype in files:
+                path.parent.mkdir(exist_ok=True)
                 store.create(path, shape, dtype)
         _barrier(self.world_size)
-        start, end = shard_bounds(num_rows, self.world_size, self.rank)
-        if end > start:
-            mapped = [store.open_rows(path, writable=True) for path, _, _ in files]
-            self._write_shard(i, start, end, mapped)
-            for array in mapped:
-                array.flush()
-            del mapped
+        for t in dict.fromkeys(t for t, _, _, _ in files):
+            start, end = shard_bounds(files[0][2][0] if i == -1 else self.plan.num_rows(i, t),
+                                      self.world_size, self.rank)
+            if end > start:
+                mapped = [store.open_rows(path, writable=True)
+                          for u, path, _, _ in files if u == t]
+                self._write_shard(i, t, start, end, mapped)
+                for array in mapped:
+                    array.flush()
+                del mapped
         _barrier(self.world_size)
         if self.rank == 0:
-            for path, _, _ in files:
+            for _, path, _, _ in files:
                 store.finalize(path)
 
-    def _files(self, i: int) -> list[tuple[Path, tuple, object]]:
-        if i == -1:
-            return [(self.folder / "gcn_norm.npy", (self.graph.num_nodes,), np.float32)]
-        if i < len(self.layers) - 1:
-            return [(self.layer_file(i + 1), (self.graph.num_nodes, self.widths[i]),
-                     store.HIDDEN_DTYPES[self.hidden_dtype])]
-        return [(path, self._out_shape(name), _OUTPUT_DTYPES[name])
-                for name, path in self._last_files().items()]
-
-    def _input(self, i: int) -> Rows:
+    def _inputs(self, i: int) -> dict[str, Rows]:
+        """Layer ``i``'s input rows per node type: the features, or layer ``i``'s files."""
         if i <= 0:
-            return Rows(self.graph.x)
-        return Rows(store.open_rows(self.layer_file(i)), self.hidden_dtype)
+            return {t: Rows(x) for t, x in self.plan.graph.x.items()}
+        return {t: Rows(store.open_rows(self.plan.layer_file(i, t)), self.plan.hidden_dtype,
+                        self.plan.needed[i - 1][t]) for t in self.plan.stack.outputs(i - 1)}
 
-    def _write_shard(self, i: int, start: int, end: int, mapped: list[np.ndarray]) -> None:
-        last = i == len(self.layers) - 1
-        rows = self._input(i)
-        inv_sqrt_deg = (Rows(store.open_rows(self.folder / "gcn_norm.npy"))
-                        if self.gcn is not None and i >= 0 else None)
-        by_position = last and self.nodes is not None  # rows are positions in self.nodes
-        colptr = self.graph.colptr
+    def _write_shard(self, i: int, t: str, start: int, end: int,
+                     mapped: list[np.ndarray]) -> None:
+        last = i == self.plan.num_layers - 1
+        inputs = self._inputs(i)
+        scale = (Rows(store.open_rows(self.plan.folder / "gcn_norm.npy"))
+                 if self.plan.gcn is not None and i >= 0 else None)
+        ids = self.plan.destinations(i, t)
+        reads = [EDGE] if i == -1 else self.plan.stack.reads(i, t)
+
+        def destinations(b0: int, b1: int):
+            if ids is None:
+                return b0, b1
+            return ids[b0:b1] if isinstance(ids, Tensor) else torch.from_numpy(np.array(ids[b0:b1]))
 
         def degrees(b0: int, b1: int) -> Tensor:
-            if by_position:
-                ids = self.nodes[b0:b1]
-                return colptr[ids + 1] - colptr[ids]
-            return colptr[b0 + 1:b1 + 1] - colptr[b0:b1]
+            return self.plan.graph.in_degrees(reads, destinations(b0, b1))
 
-        width = max([self.graph.x.size(1)] + self.widths[max(i - 1, 0):i + 1])
+        width = max([x.size(1) for x in self.plan.graph.x.values()]
+                    + self.plan.widths[max(i - 1, 0):i + 1])
+        where = f" {t}" if self.plan.stack.hetero else ""
         bar = tqdm(total=end - start, desc="degrees" if i == -1 else
-                   f"layer {i + 1}/{len(self.layers)}", disable=not self.progress_bar, leave=False)
-        for b0, b1 in batches(start, end, self.batch_size,
+                   f"layer {i + 1}/{self.plan.num_layers}{where}", disable=not self.progress_bar,
+                   leave=False)
+        for b0, b1 in batches(start, end, self.plan.batch_size,
                               max(1, BLOCK_BYTES // (4 * width)), degrees):
             bar.update(b1 - b0)
-            dst = self.nodes[b0:b1] if by_position else (b0, b1)
-            block = make_block(self.graph.colptr, self.graph.row, dst)
+            dst = destinations(b0, b1)
             if i == -1:
+                block = make_block(*self.plan.graph.csc[EDGE], dst)
                 mapped[0][b0:b1] = store.encode(inverse_sqrt(gcn_degrees(
-                    block.edge_index[0], block.edge_index[1], b1 - b0, self.gcn)), "float32")
+                    block.edge_index[0], block.edge_index[1], b1 - b0, self.plan.gcn)), "float32")
                 continue
-            scale = None if inv_sqrt_deg is None else inv_sqrt_deg.block_rows(block).to(self.device)
-            y = self.layers[i](rows.block_rows(block).to(self.device),
-                               block.edge_index.to(self.device), block.num_dst, scale)
+            y = self.plan.stack.step(i, t, dst, inputs, self.plan.graph, self.device, scale)
             if not last:
-                mapped[0][b0:b1] = store.encode(y, self.hidden_dtype)
+                mapped[0][b0:b1] = store.encode(y, self.plan.hidden_dtype)
                 continue
-            for name, array in zip(self.outputs, mapped):
+            for name, array in zip(self.plan.outputs, mapped):
                 value = {"logits": lambda: y, "labels": lambda: y.argmax(dim=-1),
                          "probabilities": lambda: torch.softmax(y, dim=-1)}[name]()
                 array[b0:b1] = value.cpu().numpy()
@@ -336,41 +278,46 @@ class _Run:
 
     def finish(self) -> None:
         """The embeddings and node ids into place; the hidden layers removed."""
-        if self.embeddings is not None:
-            target = self.out / "embeddings.npy"
-            source = self.layer_file(self.embeddings)
-            if self.nodes is None:
+        for t in self.plan.embedded_types():
+            target = self.plan.out_folder(t) / "embeddings.npy"
+            source = self.plan.layer_file(self.plan.embeddings, t)
+            if self.plan.nodes is None:
                 if self.rank == 0 and source.exists():
+                    target.parent.mkdir(exist_ok=True)
                     source.replace(target)
             else:
                 self._gather_rows(source, target)
         if self.rank == 0:
-            ids = self.out / "node_ids.npy"
-            if not ids.exists():
-                store.create(ids, (self.num_out,), np.int64)
-                array = store.open_rows(ids, writable=True)
-                array[:] = (np.arange(self.num_out) if self.nodes is None
-                            else self.nodes.numpy())
-                array.flush()
-                del array
-                store.finalize(ids)
-            shutil.rmtree(self.folder, ignore_errors=True)
+            for t in dict.fromkeys([self.plan.target, *self.plan.embedded_types()]):
+                ids = self.plan.out_folder(t) / "node_ids.npy"
+                if not ids.exists():
+                    count = self.plan.num_out if t == self.plan.target else self.plan.graph.num_nodes(t)
+                    store.create(ids, (count,), np.int64)
+                    array = store.open_rows(ids, writable=True)
+                    array[:] = (np.arange(count) if self.plan.nodes is None or t != self.plan.target
+                                else self.plan.nodes.numpy())
+                    array.flush()
+                    del array
+                    store.finalize(ids)
+            shutil.rmtree(self.plan.folder, ignore_errors=True)
         _barrier(self.world_size)
 
     def _gather_rows(self, source: Path, target: Path) -> None:
         """``target``: the rows of ``source`` for the requested nodes, in their order."""
         if not source.exists() and target.exists():  # moved before a resume
             return
-        width, dtype = self.widths[self.embeddings - 1], store.HIDDEN_DTYPES[self.hidden_dtype]
+        width, dtype = self.plan.widths[self.plan.embeddings - 1], store.HIDDEN_DTYPES[self.plan.hidden_dtype]
         if self.rank == 0:
-            store.create(target, (self.num_out, width), dtype)
+            store.create(target, (self.plan.num_out, width), dtype)
         _barrier(self.world_size)
-        start, end = shard_bounds(self.num_out, self.world_size, self.rank)
+        start, end = shard_bounds(self.plan.num_out, self.world_size, self.rank)
         if end > start:
             rows, array = store.open_rows(source), store.open_rows(target, writable=True)
-            for b0 in range(start, end, self.batch_size):
-                b1 = min(b0 + self.batch_size, end)
-                array[b0:b1] = rows[self.nodes[b0:b1].numpy()]
+            ids = self.plan.needed[self.plan.embeddings - 1][self.plan.target]
+            for b0 in range(start, end, self.plan.batch_size):
+                b1 = min(b0 + self.plan.batch_size, end)
+                wanted = self.plan.nodes[b0:b1].numpy()
+                array[b0:b1] = rows[wanted if ids is None else np.searchsorted(ids, wanted)]
             array.flush()
             del array
         _barrier(self.world_size)
@@ -378,10 +325,4 @@ class _Run:
             store.finalize(target)
 
     def opened(self) -> Predictions:
-        def load(name: str) -> np.ndarray:
-            return np.load(self.out / f"{name}.npy", mmap_mode="r")
-        return Predictions(self.out, load("node_ids"),
-                           **{name: load(name) for name in self.outputs},
-                           embeddings=load("embeddings") if self.embeddings is not None else None,
-                           embeddings_dtype=(self.hidden_dtype if self.embeddings is not None
-                                             else None))
+        return Predictions.load(self.plan.out, self.plan.stack.outputs(0) if self.plan.stack.hetero else None)
