@@ -52,6 +52,22 @@ def test_resume_reaches_the_uninterrupted_result(tmp_path):
     assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in full["epochs"]]
     for key in ("best_val_acc", "best_epoch", "test_acc"):
         assert resumed[key] == full[key]
+    assert resumed["plan"] == full["plan"]
+
+
+def test_a_resume_names_each_planned_setting_that_differs(tmp_path, capfd):
+    """A default resolved anew (here --eval-batch-size, left to --batch-size) is named, and the
+    run continues; the checkpoint records the plan the run had."""
+    assert main(TINY + ["--epochs", "1", "--out", str(tmp_path)]) == 0
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["plan"]
+    assert saved["eval_batch_size"] == 256  # TINY's --batch-size
+    capfd.readouterr()
+    assert main(TINY + ["--epochs", "2", "--eval-batch-size", "7", "--resume",
+                        str(tmp_path)]) == 0
+    err = capfd.readouterr().err  # rank 0's warning, from its own process
+    assert ("the resumed run's plan differs from its checkpoint's: --eval-batch-size 256 -> 7; "
+            "it continues") in err, err[-2000:]
+    assert json.loads((tmp_path / "metrics.json").read_text())["plan"]["eval_batch_size"] == 7
 
 
 @pytest.mark.parametrize("change,message", [

@@ -28,6 +28,12 @@ def _setting(name: str) -> Callable[[dict], object]:
     return lambda metrics: (metrics.get("config") or {}).get(name)
 
 
+def _planned(name: str) -> Callable[[dict], object]:
+    """A setting as the run resolved it (its ``plan``: rank 0's, with every default that
+    depends on the device or the graph decided), else as it was given."""
+    return lambda metrics: (metrics.get("plan") or {}).get(name, _setting(name)(metrics))
+
+
 def _joined(values) -> str:
     return ",".join(map(str, values)) if isinstance(values, (list, tuple)) else str(values)
 
@@ -41,6 +47,11 @@ TABLE_ROWS: tuple = (
     ("world size", "world_size", str),
     ("device", "device", str),
     ("sampler", "sampler", str),
+    ("graph on", _planned("graph_on"), str),
+    ("batches per walk", _planned("sample_batches"), str),
+    ("prefetch", _planned("prefetch"), str),
+    ("feature cache GB", _planned("feature_cache_gb"), _fmt("{:g}")),
+    ("eval batch size", _planned("eval_batch_size"), str),
     ("epochs", lambda m: len(m["epochs"]), str),
     ("mean epoch s", "mean_epoch_time_s", _fmt("{:.2f}")),
     ("best val acc", "best_val_acc", _fmt("{:.4f}")),

@@ -99,24 +99,30 @@ def place_graph(graph: ConvertedGraph, device: torch.device, placement: str,
                           host_colptr=graph.colptr)
 
 
-def make_feature_cache(graph: ConvertedGraph, device: torch.device,
-                       budget_gb: Optional[float], pinned: bool = False) -> Optional[FeatureCache]:
-    """A GPU cache of the most-sampled feature rows for a rank whose graph stayed on the host
-    (``pinned``: read in place through CUDA views, ``--graph-on host``).
+def feature_cache_budget(graph: TrainingGraph, device: torch.device,
+                         budget_gb: Optional[float], graph_on: str) -> int:
+    """Bytes of the GPU cache of the most-sampled feature rows, for a GPU rank whose graph
+    stays on the host (``graph_on`` ``"cpu"`` or ``"host"``); 0: no cache.
 
     ``budget_gb`` caps its size; None takes up to a quarter of the card's free memory (the rest
     is for activations and the allocator), 0 turns the cache off.
     """
-    if device.type != "cuda" or graph.is_hetero or (graph.x.is_cuda and not pinned) or \
-            budget_gb == 0:
-        return None
+    if device.type != "cuda" or graph.is_hetero or graph_on == "gpu" or budget_gb == 0:
+        return 0
     if budget_gb is None:
-        budget = torch.cuda.mem_get_info(device)[0] // 4
-    else:
-        budget = int(budget_gb * 2**30)
+        return torch.cuda.mem_get_info(device)[0] // 4
+    return int(budget_gb * 2**30)
+
+
+def make_feature_cache(graph: ConvertedGraph, device: torch.device,
+                       budget_bytes: int) -> Optional[FeatureCache]:
+    """The GPU cache of the most-sampled feature rows (:func:`feature_cache_budget`), or None
+    for a budget of 0."""
+    if budget_bytes <= 0:
+        return None
     row_bytes = graph.num_features * graph.x.element_size()
     return FeatureCache(graph.x, out_degree(graph.row, graph.num_nodes), device,
-                        max_rows=budget // row_bytes)
+                        max_rows=budget_bytes // row_bytes)
 
 
 def _worker_start_method(num_workers: int) -> Optional[str]:
@@ -161,15 +167,16 @@ SMALL_CPU_BATCH = 64
 
 
 def batches_per_walk(requested: Optional[int], graph: TrainingGraph, sampler: str,
-                     batch_size: int) -> int:
-    """``--sample-batches``, or its default for this rank's graph and batch size.
-    (TrainConfig refuses more than one with PyG's sampler or a heterogeneous dataset, and the
-    loader whatever it cannot walk.)"""
+                     batch_size: int, on_gpu: bool = False) -> int:
+    """``--sample-batches``, or its default for this rank's graph and batch size; ``on_gpu``:
+    the sampler runs on the GPU (``--graph-on gpu`` or ``host``). (TrainConfig refuses more
+    than one with PyG's sampler or a heterogeneous dataset, and the loader whatever it cannot
+    walk.)"""
     if requested is not None:
         return requested
     if graph.is_hetero or sampler != "native":
         return 1
-    return BATCHES_PER_WALK if graph.x.is_cuda or batch_size <= SMALL_CPU_BATCH else 1
+    return BATCHES_PER_WALK if on_gpu or batch_size <= SMALL_CPU_BATCH else 1
 
 
 def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],

@@ -20,7 +20,6 @@ from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.grad_sync import GradSync
 from pyg_mgpu.metrics.batches import seed_outputs, seed_store
 from pyg_mgpu.metrics.reduce import all_reduce_sum, global_ratio
-from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 from pyg_mgpu.sampling.prefetch import Prefetcher
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.graphed_step import GraphedStep
@@ -202,7 +201,8 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
                 cfg: TrainConfig, grad_sync: Optional[GradSync] = None,
                 totals: Optional[EpochTotals] = None, done: int = 0,
                 after_step: Optional[StepHook] = None,
-                graphed: Optional[GraphedStep] = None) -> tuple[float, float, int]:
+                graphed: Optional[GraphedStep] = None,
+                prefetch: int = 0) -> tuple[float, float, int]:
     """One epoch on this rank's shard; returns the global (loss, accuracy, classes predicted)
     over all ranks.
 
@@ -211,17 +211,12 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
     ``totals`` and ``done`` continue an epoch from a checkpoint (the loader then starts at
     batch ``done``: ``set_epoch(epoch, start_step=done)``). ``ddp`` is the DDP-wrapped model,
     or with ``graphed`` (``--cuda-graph``) the module itself: the padded step takes the place
-    of its forward and backward and all-reduces the gradients itself.
+    of its forward and backward and all-reduces the gradients itself. ``prefetch``: batches a
+    background thread prepares ahead (the run plan's).
     """
     ddp.train()
     totals = totals or EpochTotals(ctx.device)
     check_equal_steps(len(loader), ctx)
-    depth = cfg.performance.prefetch
-    if depth is None:
-        # PyG's sampler takes no generator of its own; in a background thread its draws would
-        # interleave with dropout's from process-wide random state, differently every run.
-        depth = int(ctx.device.type == "cuda" and isinstance(loader.node_sampler,
-                                                             NeighborSampler))
     # The sampler's state before each batch is drawn: a checkpoint after a step records the one
     # before the batch already drawn ahead of it, which the resumed run draws again.
     generator = getattr(loader.node_sampler, "generator", None)
@@ -231,11 +226,11 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
         snapshot = getattr(loader, "sampler_state", generator.get_state)
     # The sampler's own clock splits loading into sampling and gathering when it runs in this
     # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
-    sampler = loader.node_sampler if loader.num_workers == 0 and not depth else None
+    sampler = loader.node_sampler if loader.num_workers == 0 and not prefetch else None
     clock = (lambda: sampler.busy_s) if hasattr(sampler, "busy_s") else None
     progress = tqdm(total=len(loader), desc=f"epoch {epoch}", disable=not ctx.is_main,
                     leave=False, dynamic_ncols=True)
-    with Prefetcher(loader, ctx.device, depth, snapshot=snapshot, timer=timer,
+    with Prefetcher(loader, ctx.device, prefetch, snapshot=snapshot, timer=timer,
                     sampling_clock=clock) as batches, progress:
         timer.start()
         batch = batches.next()

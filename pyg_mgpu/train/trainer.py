@@ -15,6 +15,7 @@ import contextlib
 import copy
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -45,16 +46,10 @@ from pyg_mgpu.train.checkpoint import (
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
-from pyg_mgpu.train.loaders import (
-    batches_per_walk,
-    choose_placement,
-    make_feature_cache,
-    make_loader,
-    place_graph,
-    resolve_sampler,
-)
+from pyg_mgpu.train.loaders import make_feature_cache, make_loader, place_graph
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
+from pyg_mgpu.train.plan import RunPlan, least_free_gpu_bytes, plan_rank
 from pyg_mgpu.train.run_folder import hold_run_folder
 from pyg_mgpu.train.trace import StepTrace, format_top
 from pyg_mgpu.train.trainee import Trainee, build_ddp
@@ -64,21 +59,20 @@ class Evaluator:
     """Validation/test accuracy on rank 0 alone, or sharded over all ranks; known on every rank
     afterwards."""
 
-    def __init__(self, graph: TrainingGraph, cfg: TrainConfig, ctx: RankContext, sampler: str,
+    def __init__(self, graph: TrainingGraph, cfg: TrainConfig, ctx: RankContext, plan: RunPlan,
                  feature_cache: Optional[FeatureCache] = None):
-        self.ctx, self.graph, self.cfg = ctx, graph, cfg
+        self.ctx, self.graph, self.cfg, self.plan = ctx, graph, cfg, plan
         self.feature_cache = feature_cache
         self.sharded = cfg.evaluation.eval_on == "all"
-        self.sampler = sampler
 
     def _loader(self, nodes: torch.Tensor) -> NeighborLoader:
         if self.sharded:
             nodes = eval_shard(nodes, self.ctx.rank, self.ctx.world_size)
         # Same seed on every rank and in every mode: the eval sample depends on the node only
         # through the batch it lands in, and with fanout -1 not at all.
-        return make_loader(self.graph, nodes, fanout=self.cfg.training.fanout, sampler=self.sampler,
-                           seed=eval_loader_seed(self.cfg.training.seed),
-                           batch_size=self.cfg.evaluation.eval_batch_size or self.cfg.training.batch_size,
+        return make_loader(self.graph, nodes, fanout=self.cfg.training.fanout,
+                           sampler=self.plan.sampler, seed=eval_loader_seed(self.cfg.training.seed),
+                           batch_size=self.plan.eval_batch_size,
                            feature_cache=self.feature_cache, device=self.ctx.device)
 
     def accuracy(self, model: torch.nn.Module, nodes: torch.Tensor) -> float:
@@ -99,47 +93,29 @@ class RankData:
     """This rank's view of the graph and its loaders."""
 
     graph: TrainingGraph  # on this rank's GPU, or the shared host copy
-    sampler: str
+    plan: RunPlan
     train_loader: NeighborLoader
     evaluator: Evaluator
     feature_cache: Optional[FeatureCache]
 
 
 def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> RankData:
-    """Places the graph for this rank and builds its sharded training loader and evaluator."""
-    sampler = resolve_sampler(cfg.training.sampler)
-    where = choose_placement(graph, ctx.device, cfg.performance.graph_on, sampler,
-                             _least_free_gpu_bytes(ctx))
-    graph = place_graph(graph, ctx.device, where, sampler)
-    feature_cache = make_feature_cache(graph, ctx.device, cfg.performance.feature_cache_gb,
-                                       pinned=where == "host")
+    """Plans this rank's run (:func:`plan_rank`), places the graph for it and builds its
+    sharded training loader and evaluator."""
+    plan = plan_rank(cfg, graph, ctx, least_free_gpu_bytes(ctx))
+    graph = place_graph(graph, ctx.device, plan.graph_on, plan.sampler)
+    feature_cache = make_feature_cache(graph, ctx.device, int(plan.feature_cache_gb * 2**30))
     if feature_cache is not None and ctx.is_main:
         tqdm.write(f"graph in host memory; {feature_cache.num_cached:,} hottest feature rows "
                    f"({feature_cache.nbytes() / 2**30:.2f} GiB) cached on the GPU")
-    train_loader = make_loader(graph, graph.train_idx, fanout=cfg.training.fanout, sampler=sampler,
-                               seed=cfg.training.seed, rank=ctx.rank, world_size=ctx.world_size,
-                               batch_size=cfg.training.batch_size, num_workers=cfg.performance.num_workers,
+    train_loader = make_loader(graph, graph.train_idx, fanout=cfg.training.fanout,
+                               sampler=plan.sampler, seed=cfg.training.seed, rank=ctx.rank,
+                               world_size=ctx.world_size, batch_size=cfg.training.batch_size,
+                               num_workers=cfg.performance.num_workers,
                                feature_cache=feature_cache, device=ctx.device,
-                               sample_batches=batches_per_walk(cfg.performance.sample_batches,
-                                                               graph, sampler,
-                                                               cfg.training.batch_size))
-    return RankData(graph, sampler, train_loader,
-                    Evaluator(graph, cfg, ctx, sampler, feature_cache), feature_cache)
-
-
-def _least_free_gpu_bytes(ctx: RankContext) -> Optional[int]:
-    """The least free memory of any rank's GPU (None on CPU ranks).
-
-    Ranks place the graph by it alike: one sampling on its GPU and another on the host would
-    draw from generators of different devices, and a checkpoint's RNG states would then fit a
-    resumed run only if every rank chose the same again.
-    """
-    if ctx.device.type != "cuda":
-        return None
-    free = torch.tensor([torch.cuda.mem_get_info(ctx.device)[0]],
-                        device=ctx.collective_device)
-    dist.all_reduce(free, op=dist.ReduceOp.MIN)
-    return int(free[0])
+                               sample_batches=plan.sample_batches)
+    return RankData(graph, plan, train_loader,
+                    Evaluator(graph, cfg, ctx, plan, feature_cache), feature_cache)
 
 
 @dataclass
@@ -163,9 +139,11 @@ class StepCheckpoints:
     """
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, trainee: Trainee,
-                 progress: Progress, out: Path, sampler, data_fingerprint: Optional[str] = None):
+                 progress: Progress, out: Path, data: RankData,
+                 data_fingerprint: Optional[str] = None):
         self.cfg, self.ctx, self.trainee = cfg, ctx, trainee
-        self.progress, self.out, self.sampler = progress, out, sampler
+        self.progress, self.out = progress, out
+        self.sampler, self.plan = data.train_loader.node_sampler, data.plan
         self.data_fingerprint = data_fingerprint
         self.agreement = StopAgreement(cfg.faults.checkpoint_every_s, timeout_s=cfg.ranks.timeout_s)
         self.epoch, self.steps, self.start = 0, 0, 0.0
@@ -201,7 +179,7 @@ class StepCheckpoints:
                         trainee.optimizer, progress.history, progress.best,
                         progress.best_state, self.sampler, step=step,
                         padded_layout=trainee.graphed and trainee.graphed.layout_state(),
-                        data_fingerprint=self.data_fingerprint)
+                        data_fingerprint=self.data_fingerprint, plan=self.plan.to_dict())
         self.agreement.checkpoint_written()
 
     def _stop(self, signum: int, where: str) -> None:
@@ -224,8 +202,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
     write a step checkpoint (:class:`StepCheckpoints`); checkpoints keep ``data_fingerprint``.
     """
     timer = StageTimer(ctx.device, sync=cfg.performance.profile)
-    between = StepCheckpoints(cfg, ctx, trainee, progress, out, data.train_loader.node_sampler,
-                              data_fingerprint)
+    between = StepCheckpoints(cfg, ctx, trainee, progress, out, data, data_fingerprint)
     busy = BusyShare(nvml_reader(ctx.device) if ctx.is_main else None)
     trace = (StepTrace(out, cfg.performance.trace_steps, ctx.device)
              if cfg.performance.trace_steps and ctx.is_main else None)
@@ -248,7 +225,7 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
             train_loss, train_acc, classes = train_epoch(
                 trainee.trained, trainee.optimizer, data.train_loader, ctx, timer, epoch, cfg,
                 trainee.grad_sync, totals=totals, done=done, after_step=after_step,
-                graphed=trainee.graphed)
+                graphed=trainee.graphed, prefetch=data.plan.prefetch)
             epoch_time = time.perf_counter() - start
             gpu_busy_pct = busy.stop()
             if traced:
@@ -305,7 +282,7 @@ def evaluate_best(cfg: TrainConfig, ctx: RankContext, model: torch.nn.Module, da
         return results
     start = time.perf_counter()
     graph = data.graph
-    batch_size = cfg.evaluation.eval_batch_size or cfg.training.batch_size
+    batch_size = data.plan.eval_batch_size
     if cfg.model.model == "sage":  # the fast path's own inference, sharded over the ranks
         logits = layerwise_logits(model, graph, rank=ctx.rank, world_size=ctx.world_size,
                                   batch_size=batch_size, device=ctx.device)
@@ -337,7 +314,7 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
         "world_size": ctx.world_size,
         "device": ctx.device.type,
         "backend": ctx.backend,
-        "sampler": data.sampler,
+        "sampler": data.plan.sampler,
         "recipe": cfg.model.recipe,
         "model": cfg.model.model,
         "amp": cfg.performance.amp,
@@ -345,6 +322,7 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
         "train_nodes": graph.train_idx.numel(),
         "threads_per_rank": torch.get_num_threads(),
         "config": cfg.to_dict(),
+        "plan": data.plan.to_dict(),
         "epochs": history,
         "warnings": collapse_warnings(history, lr=cfg.model.lr, norm=cfg.model.norm, model=cfg.model.model),
         "best_val_acc": progress.best["val_acc"],
@@ -403,6 +381,11 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
                                                 elapsed_s=step["elapsed_s"])
         if ctx.is_main:
             tqdm.write(f"resumed from {cfg.faults.resume}, {describe(ckpt)}")
+            changed = data.plan.differences(ckpt.get("plan"))
+            if changed:  # another machine, or flags left to their defaults that resolve anew
+                warnings.warn(f"the resumed run's plan differs from its checkpoint's: "
+                              f"{'; '.join(changed)}; it continues, but not with the batches "
+                              "or speed the run had", stacklevel=2)
     progress = fit(cfg, ctx, trainee, data, progress, out,
                    data_fingerprint=(run_info or {}).get("data_fingerprint"))
     results = evaluate_best(cfg, ctx, trainee.model, data, progress)
