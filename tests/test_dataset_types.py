@@ -8,8 +8,9 @@ from torch_geometric.nn import GraphSAGE
 
 import pyg_mgpu
 from pyg_mgpu.data.datasets import load_graph
-from pyg_mgpu.data.graph import ConvertedGraph, DatasetError
+from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.data.validation import DatasetError
 from pyg_mgpu.metrics.batches import seed_outputs
 
 INT_TYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]

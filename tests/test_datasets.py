@@ -396,7 +396,7 @@ def test_running_out_of_file_descriptors_says_how_to_fix_it():
     # sharing the graph's tensors runs out part-way, which must read as an actionable error.
     script = r"""
 import os, resource
-from pyg_mgpu.data.graph import DatasetError
+from pyg_mgpu.data.validation import DatasetError
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 g = make_synthetic(SyntheticSpec(num_nodes=200, num_edges=1000))
 open_now = len(os.listdir("/proc/self/fd"))

@@ -29,7 +29,8 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from pyg_mgpu.data.graph import ConvertedGraph, MappedFile, check_shm_room
+from pyg_mgpu.data.graph import ConvertedGraph
+from pyg_mgpu.data.sharing import MappedFile, check_shm_room
 
 FORMAT = 1  # bump when the layout or the conversion changes: every older cache goes stale
 META = "meta.json"

@@ -16,10 +16,11 @@ from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data import sources
 from pyg_mgpu.data.cache import cache_folder, load_cached
-from pyg_mgpu.data.graph import ConvertedGraph, DatasetError, feature_dtype_for
+from pyg_mgpu.data.graph import ConvertedGraph, feature_dtype_for
 from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS, load_hetero_dataset
 from pyg_mgpu.data.sources import PLANETOID
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
+from pyg_mgpu.data.validation import DatasetError
 
 DATASETS = ("synthetic", "cora", "citeseer", "pubmed", "reddit",
             "ogbn-arxiv", "ogbn-products", "ogbn-papers100M")

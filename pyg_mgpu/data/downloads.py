@@ -1,7 +1,7 @@
 """Reading a dataset through its own library (PyG, OGB) without ever blocking or writing
 where it must not: OGB's interactive prompts are answered in code, a read-only data folder (a
 shared copy of the data) is mirrored into a cache where the libraries may write ``processed/``,
-and a failed read or download becomes a :class:`~pyg_mgpu.data.graph.DatasetError` that says
+and a failed read or download becomes a :class:`~pyg_mgpu.data.validation.DatasetError` that says
 which files were expected where and which flag points at them.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from unittest import mock
 import torch
 
 from pyg_mgpu.data.cache import CACHE_ENV
-from pyg_mgpu.data.graph import DatasetError
+from pyg_mgpu.data.validation import DatasetError
 
 # What reading raw files or a failed download raises (URLError and aiohttp's errors are OSErrors).
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, RuntimeError, zipfile.BadZipFile,

@@ -8,10 +8,7 @@ to PyG code as a ``Data``.
 """
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass, field, fields
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -23,13 +20,9 @@ from torch_geometric.utils import index_to_mask
 
 from pyg_mgpu.data.csc import CSC, EdgeChunks, attach_csc, csc_from_chunks, edge_chunks
 from pyg_mgpu.data.protocol import TrainingGraph
+from pyg_mgpu.data.sharing import MappedFile, check_shm_room
+from pyg_mgpu.data.validation import SPLITS, DatasetError, as_signed_ids, validate_node_data
 
-
-class DatasetError(ValueError):
-    """Bad dataset input: the message says what is wrong and what to do."""
-
-
-SPLITS = ("train_idx", "val_idx", "test_idx")
 NPZ_KEYS = ("edge_index", "x", "y") + SPLITS
 HALF_FEATURES = (torch.float16, torch.bfloat16)
 """Feature types kept as stored (half the memory of float32: MAG240M's features are 375 GB in
@@ -43,99 +36,6 @@ def feature_dtype_for(stored: torch.dtype, requested: Optional[torch.dtype] = No
     if requested is not None:
         return requested
     return stored if stored in HALF_FEATURES else torch.float32
-
-
-def as_signed_ids(ids: Tensor, what: str, name: str) -> Tensor:
-    """Integer ids (node ids, labels) of any integer type as int64, int32 and int64 kept as
-    they are: torch's reductions and indexing take no unsigned type but uint8, and read uint8
-    indices as a mask. uint64 values from 2**63 on fit no signed type: refused, since no
-    graph has that many nodes or classes."""
-    if ids.dtype in (torch.int32, torch.int64):
-        return ids
-    if torch.is_floating_point(ids) or torch.is_complex(ids) or ids.dtype == torch.bool:
-        raise DatasetError(f"{name}: {what} must hold integer node ids, got {ids.dtype}.")
-    if ids.dtype == torch.uint64:
-        signed = ids.view(torch.int64)  # the same bits: values from 2**63 on read negative
-        if signed.numel() and int(signed.min()) < 0:
-            raise DatasetError(f"{name}: {what} holds values of 2**63 or more (uint64), more "
-                               "than any graph has nodes or classes; fix those values.")
-        return signed
-    return ids.long()
-
-
-def check_shm_room(name: str, need: int, shm_dir: str = "/dev/shm") -> None:
-    """Raises :class:`DatasetError` when ``shm_dir`` cannot take ``need`` more bytes (writing
-    past a full tmpfs kills the process with SIGBUS instead of raising)."""
-    if os.path.isdir(shm_dir):
-        free = shutil.disk_usage(shm_dir).free
-        if free < need:
-            raise DatasetError(
-                f"{name}: shared memory ({shm_dir}) has {free / 2**20:.0f} MiB free but the "
-                f"graph needs {need / 2**20:.0f} MiB; enlarge it (e.g. docker run --shm-size, "
-                "or mount -o remount,size=... /dev/shm), or let the ranks map the graph "
-                "cache's files instead (--features-on mmap).")
-
-
-@dataclass(frozen=True)
-class MappedFile:
-    """A tensor stored raw in a file (the graph cache's layout): path, dtype name, shape."""
-
-    path: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
-    def open(self) -> Tensor:
-        """Maps the file copy-on-write: nothing is read until touched, and every process
-        mapping it shares the page cache's pages. The tensor goes to another process (a
-        spawned rank or DataLoader worker) as this file, which the receiver maps again."""
-        if self.numel == 0:
-            return torch.empty(self.shape, dtype=self.torch_dtype)
-        mapped = torch.from_file(self.path, shared=False, size=self.numel,
-                                 dtype=self.torch_dtype).view(self.shape)
-        mapped = mapped.as_subclass(MappedTensor)
-        mapped.mapped_file = self
-        return mapped
-
-    def read_shared(self) -> Tensor:
-        """Reads the file into a new shared-memory tensor."""
-        t = torch.empty(self.shape, dtype=self.torch_dtype).share_memory_()
-        if self.numel:
-            with open(self.path, "rb") as f:
-                f.readinto(t.view(-1).view(torch.uint8).numpy())
-        return t
-
-
-class MappedTensor(Tensor):
-    """A tensor that maps a :class:`MappedFile`: an ordinary tensor in every operation (whose
-    results are plain tensors, at no cost per call), sent to other processes as its file.
-
-    torch would otherwise share it like any tensor, through a shared-memory descriptor, which a
-    file mapping does not have ("Bad file descriptor" in the sending process).
-    """
-
-    mapped_file: MappedFile
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    def __reduce_ex__(self, protocol):
-        # pickle and torch.save write the data, as a plain tensor: torch.load(weights_only=True)
-        # takes no tensor subclass. (Multiprocessing's pickler uses the reducer below.)
-        return self.as_subclass(Tensor).__reduce_ex__(protocol)
-
-
-def _reduce_mapped_tensor(tensor: MappedTensor):
-    return MappedFile.open, (tensor.mapped_file,)
-
-
-# Multiprocessing's pickler only (DataLoader workers, spawned ranks).
-ForkingPickler.register(MappedTensor, _reduce_mapped_tensor)
 
 
 @dataclass
@@ -347,7 +247,7 @@ class ConvertedGraph(TrainingGraph):
         splits = [as_signed_ids(s, f"split {split}", name) for s, split in zip(splits, SPLITS)]
         if not (torch.is_floating_point(y) or y.dtype == torch.bool):
             y = as_signed_ids(y, "labels y", name)  # min/max exist for every signed type
-        _validate(name, x, y, splits)
+        validate_node_data(name, x, y, splits)
         # Unlabeled nodes outside every split may carry any negative label; mark them -1.
         y = y.view(-1).long().clamp(min=-1)
         if num_classes is None:
@@ -396,48 +296,3 @@ class ConvertedGraph(TrainingGraph):
         np.savez(tmp, num_classes=np.int64(self.num_classes), **arrays)
         tmp.replace(path)
         return path
-
-
-def _validate(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
-    if x.dim() != 2 or x.size(0) == 0:
-        raise DatasetError(f"{name}: features x must be a non-empty [num_nodes, num_features] "
-                           f"matrix, got shape {tuple(x.shape)}.")
-    num_nodes = x.size(0)
-    if torch.is_floating_point(x):
-        # A row block at a time: a whole-matrix mask would be a temporary of N x F bytes.
-        step = max(1, (1 << 24) // max(1, x.size(1)))
-        bad = sum(int((~torch.isfinite(x[i:i + step])).any(1).sum())
-                  for i in range(0, num_nodes, step))
-        if bad:
-            raise DatasetError(f"{name}: {bad} node(s) have NaN or inf features; clean or "
-                               "impute them before training.")
-    if y.dim() == 2 and y.size(1) == 1:
-        y = y.view(-1)
-    if y.dim() != 1:
-        raise DatasetError(f"{name}: labels y must have shape [num_nodes] (one per node), "
-                           f"got {tuple(y.shape)}.")
-    if y.numel() != num_nodes:
-        raise DatasetError(f"{name}: features x have {num_nodes} rows but labels y have "
-                           f"{y.numel()}: both need one per node.")
-    if torch.is_floating_point(y) and not torch.equal(y, y.round()):
-        raise DatasetError(f"{name}: labels y must be integer class ids, got fractional values.")
-    seen = torch.zeros(num_nodes, dtype=torch.bool)
-    for split_name, idx in zip(SPLITS, splits):  # flattened by the caller
-        if idx.numel() == 0:
-            raise DatasetError(f"{name}: split {split_name} is empty; every split needs nodes.")
-        if torch.is_floating_point(idx) or idx.dtype == torch.bool:
-            raise DatasetError(f"{name}: split {split_name} must hold integer node ids, got "
-                               f"{idx.dtype}.")
-        if int(idx.min()) < 0 or int(idx.max()) >= num_nodes:
-            raise DatasetError(f"{name}: split {split_name} holds node ids outside "
-                               f"[0, {num_nodes}) (min {int(idx.min())}, max {int(idx.max())}).")
-        if idx.unique().numel() != idx.numel():
-            raise DatasetError(f"{name}: split {split_name} lists some nodes more than once.")
-        if seen[idx].any():
-            raise DatasetError(f"{name}: split {split_name} overlaps an earlier split in "
-                               f"{int(seen[idx].sum())} node(s); splits must be disjoint.")
-        seen[idx] = True
-    labelled = y[seen]
-    if int(labelled.min()) < 0:
-        raise DatasetError(f"{name}: nodes in the splits need labels >= 0, got "
-                           f"{int(labelled.min())}; keep unlabeled nodes out of every split.")

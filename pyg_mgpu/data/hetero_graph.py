@@ -13,8 +13,9 @@ from torch import Tensor
 from torch_geometric.data import HeteroData
 
 from pyg_mgpu.data.csc import attach_csc, edge_type_csc, share_data
-from pyg_mgpu.data.graph import DatasetError, check_shm_room
 from pyg_mgpu.data.protocol import TrainingGraph
+from pyg_mgpu.data.sharing import check_shm_room
+from pyg_mgpu.data.validation import DatasetError
 
 
 @dataclass

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from pyg_mgpu.data.downloads import ogb_guards, run_library
-from pyg_mgpu.data.graph import NPZ_KEYS, SPLITS, ConvertedGraph, DatasetError, as_signed_ids
+from pyg_mgpu.data.graph import NPZ_KEYS, ConvertedGraph
 from pyg_mgpu.data.npz import NpzArray, npz_members
+from pyg_mgpu.data.validation import SPLITS, DatasetError, as_signed_ids
 
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 _PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
