@@ -19,7 +19,9 @@ for a ``HeteroData``, the same options per edge type), same semantics as
 The graph's CSC is built once per ``Data`` (per edge type of a ``HeteroData``) and shared
 (:mod:`pyg_mgpu.data.csc`); sampling runs on the device that holds ``edge_index``. Every graph
 and mode goes through one walk (:mod:`.walk`) over a :class:`~.sampling_graph.SamplingGraph`;
-a ``Data`` is its one node type and one edge type.
+a ``Data`` is its one node type and one edge type. What the sampler refuses is checked in
+:mod:`.sampler_checks`, PyG's output types are made in :mod:`.sampler_output`, and its random
+stream is :class:`~.own_generator.OwnGenerator`'s.
 """
 from __future__ import annotations
 
@@ -35,17 +37,19 @@ from torch_geometric.sampler import (EdgeSamplerInput, HeteroSamplerOutput, Nega
                                      NodeSamplerInput, SamplerOutput)
 from torch_geometric.sampler.base import DataType, SubgraphType
 
-from pyg_mgpu.data.csc import index_dtype
 from pyg_mgpu.gpu_path import host_work, iota, takes_gpu_path, to_device
 from pyg_mgpu.sampling import remote, sampling_graph, temporal
 from pyg_mgpu.sampling.batches import BatchCounts, split_batches
 from pyg_mgpu.sampling.checks import check_num_neighbors
 from pyg_mgpu.sampling.numbering import max_batches_per_walk
+from pyg_mgpu.sampling.own_generator import OwnGenerator
+from pyg_mgpu.sampling.sampler_checks import check_input, check_options, check_seeds
+from pyg_mgpu.sampling.sampler_output import homogeneous_output, in_index_dtype, output_dtypes
 from pyg_mgpu.sampling.sampling_graph import EDGE, NODE
 from pyg_mgpu.sampling.walk import plan_on_host, walk
 
 
-class NeighborSampler(PyGNeighborSampler):
+class NeighborSampler(OwnGenerator, PyGNeighborSampler):
     """Neighbour sampling over a ``Data``, a ``HeteroData`` or a ``(FeatureStore, GraphStore)``
     pair, a drop-in for PyG's ``NeighborSampler`` that needs neither pyg-lib nor torch-sparse.
 
@@ -110,8 +114,7 @@ class NeighborSampler(PyGNeighborSampler):
             warnings.warn("The usage of the 'directed' argument in 'NeighborSampler' is "
                           "deprecated. Use `subgraph_type='induced'` instead.", stacklevel=2)
         hetero = isinstance(data, HeteroData) or remote.is_hetero_remote(data)
-        if not hetero and not isinstance(data, Data) and not remote.is_remote(data):
-            raise ValueError(_INPUT_ERROR)
+        check_input(data, hetero)
         check_num_neighbors(num_neighbors, hetero)
         check_options(data, disjoint=disjoint, subgraph_type=subgraph_type,
                       time_attr=time_attr, weight_attr=weight_attr,
@@ -148,13 +151,8 @@ class NeighborSampler(PyGNeighborSampler):
             self.colptr, self.row, self.perm = self.csc.colptr, self.graph.row[EDGE], \
                 self.graph.perm[EDGE]
             self.weights = self.graph.weights[EDGE]
-            # Outputs are int32 for an int32 edge_index, as PyG's are; edge ids (CSC positions,
-            # mapped to the caller's ids later) only where the edge count fits too.
-            self.index_dtype = (torch.int32 if self.data_type == DataType.homogeneous
-                                and data.get("edge_index") is not None
-                                and data.edge_index.dtype == torch.int32 else torch.long)
-            self.edge_dtype = (torch.long if self.index_dtype == torch.long
-                               else index_dtype(self.csc.num_edges))
+            self.index_dtype, self.edge_dtype = output_dtypes(
+                data, self.data_type == DataType.homogeneous, self.csc.num_edges)
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.fanouts  # checks the edge types and hop counts
         self.replace = replace
@@ -164,15 +162,6 @@ class NeighborSampler(PyGNeighborSampler):
         self.keep_orig_edges = False
         self.negatives_from_generator = False
         self._start_generator(seed)
-
-    def _start_generator(self, seed: Optional[int]) -> None:
-        """This sampler's own random generator on :attr:`device`, seeded with ``seed`` (default:
-        drawn from torch's global generator), and its per-process counters."""
-        self.generator = torch.Generator(device=self.device)
-        if seed is None:
-            seed = int(torch.randint(2**62, (), dtype=torch.long))
-        self.generator.manual_seed(seed)
-        self._seeded_for_worker: Optional[int] = None
         self.busy_s = 0.0  # seconds spent sampling in this process (for per-stage timing)
 
     @property
@@ -194,19 +183,6 @@ class NeighborSampler(PyGNeighborSampler):
         without temporal sampling or ``subgraph_type="induced"``."""
         return not (self.is_hetero or self.is_temporal or
                     self.subgraph_type == SubgraphType.induced)
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        # As bytes: a tensor made here would go to a spawned worker as shared memory that is
-        # freed when pickling ends, before the worker maps it.
-        state["generator"] = self.generator.get_state().numpy().tobytes()
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        gen_state = torch.frombuffer(bytearray(state.pop("generator")), dtype=torch.uint8)
-        self.__dict__.update(state)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.set_state(gen_state)
 
     def sample(self, seeds: Tensor) -> SamplerOutput:
         """The sampled subgraph around ``seeds`` (node ids), without a loader."""
@@ -243,11 +219,8 @@ class NeighborSampler(PyGNeighborSampler):
                 **kwargs) -> Union[SamplerOutput, HeteroSamplerOutput]:
         """Samples the multi-hop neighbourhood of ``seed`` (PyG's hook for both node and edge
         loaders): a tensor of node ids, or a dict of them per node type."""
-        if isinstance(seed, dict) != self.is_hetero:
-            raise ValueError(_HETERO_SEEDS_ERROR if self.is_hetero else _SEEDS_ERROR)
-        if seed_time is not None and not self.is_temporal:
-            raise ValueError("input_time was given, but the sampler has no time_attr; pass "
-                             "time_attr (the node or edge timestamps) for temporal sampling.")
+        check_seeds(seed, seed_time, is_hetero=self.is_hetero, is_temporal=self.is_temporal,
+                    node_types=self.node_types if self.is_hetero else None)
         self._reseed_in_worker()
         if not self.is_hetero:
             first_hop = None
@@ -257,11 +230,7 @@ class NeighborSampler(PyGNeighborSampler):
             tree_time = (temporal.seed_times(seed, seed_time, self.node_time)
                          if self.is_temporal else None)
             out = self._walk({NODE: seed}, {EDGE: self.fanouts}, tree_time, first_hop)
-            return self._homogeneous(out)
-        unknown = sorted(set(seed) - set(self.node_types))
-        if unknown:
-            raise ValueError(f"seeds of node type(s) {unknown}, which the graph does not have; "
-                             f"its node types are {self.node_types}.")
+            return homogeneous_output(out, self.index_dtype, self.edge_dtype)
         seed = {t: to_device(s, self.device) for t, s in seed.items()}
         tree_time = self._tree_times(seed, seed_time) if self.is_temporal else None
         return self._walk(seed, self.fanouts, tree_time)
@@ -318,7 +287,7 @@ class NeighborSampler(PyGNeighborSampler):
             num_batches=len(seeds),
             tree_offset=torch.cumsum(sizes, 0) - sizes if self.disjoint else None,
             counts=None if counts is None else counts.values)
-        batches = [self._in_index_dtype(batch) for batch in batches]
+        batches = [in_index_dtype(batch, self.index_dtype, self.edge_dtype) for batch in batches]
         if self.subgraph_type == SubgraphType.bidirectional:
             batches = [batch.to_bidirectional(keep_orig_edges=self.keep_orig_edges)
                        for batch in batches]
@@ -347,27 +316,6 @@ class NeighborSampler(PyGNeighborSampler):
                                         device=self.device)
         return stacked, {EDGE: planned}
 
-    def _homogeneous(self, out: HeteroSamplerOutput) -> SamplerOutput:
-        """The one node and edge type's output as PyG's ``SamplerOutput``, in the graph's
-        index type."""
-        per_hop = out.num_sampled_nodes is not None
-        result = SamplerOutput(
-            node=out.node[NODE], row=out.row[EDGE], col=out.col[EDGE], edge=out.edge[EDGE],
-            batch=None if out.batch is None else out.batch[NODE],
-            num_sampled_nodes=out.num_sampled_nodes[NODE] if per_hop else None,
-            num_sampled_edges=out.num_sampled_edges[EDGE] if per_hop else None)
-        return self._in_index_dtype(result)
-
-    def _in_index_dtype(self, out: SamplerOutput) -> SamplerOutput:
-        if self.index_dtype != torch.long:  # PyG's outputs take the graph's index type
-            for name in ("node", "row", "col", "batch"):
-                value = getattr(out, name)
-                if value is not None:
-                    setattr(out, name, value.to(self.index_dtype))
-            if out.edge is not None:
-                out.edge = out.edge.to(self.edge_dtype)
-        return out
-
     def _tree_times(self, seed: dict, seed_time: Optional[dict]) -> Tensor:
         """The time bounding each tree: ``input_time`` where given, else the seed's own
         timestamp; tree ``i`` is the ``i``-th seed of each seed type."""
@@ -383,48 +331,3 @@ class NeighborSampler(PyGNeighborSampler):
                 times = seed_times.new_zeros(max(v.numel() for v in seed.values()))
             times[:s.numel()] = seed_times
         return times
-
-    def _reseed_in_worker(self) -> None:
-        # Every DataLoader worker starts from a copy of this sampler, generator state included:
-        # unseeded, all workers would replay one random stream on their different batches. Each
-        # takes, once, the seed DataLoader derives for it (new each epoch, reproducible from the
-        # loader's generator) mixed with this sampler's own: DataLoader draws its seeds from
-        # torch's global state by default, which ranks seed alike for equal weights.
-        info = torch.utils.data.get_worker_info()
-        if info is not None and self._seeded_for_worker != info.id:
-            self.generator.manual_seed((info.seed ^ self.generator.initial_seed()) % 2**63)
-            self._seeded_for_worker = info.id
-
-
-_INPUT_ERROR = ("pyg_mgpu.NeighborSampler samples a torch_geometric.data.Data, a HeteroData "
-                "or a (FeatureStore, GraphStore) pair; got something else.")
-_SEEDS_ERROR = ("this sampler was built on a homogeneous graph: its seeds are one tensor of "
-                "node ids, not a dict per node type.")
-_HETERO_SEEDS_ERROR = ("a HeteroData sampler takes its seeds per node type: use "
-                       "input_nodes=(node_type, index_or_mask).")
-
-
-def check_options(data, *, disjoint: bool, subgraph_type, time_attr: Optional[str],
-                  weight_attr: Optional[str], sample_direction: str,
-                  temporal_strategy: str) -> None:
-    """Every option combination the sampler refuses, in PyG's words where it has them."""
-    if sample_direction not in ("forward", "backward"):
-        raise ValueError(f"sample_direction must be 'forward' or 'backward', got "
-                         f"{sample_direction!r}.")
-    if remote.is_remote(data) and weight_attr is not None:  # as PyG's sampler
-        raise NotImplementedError("'weight_attr' is not supported for "
-                                  "'(FeatureStore, GraphStore)' inputs.")
-    if SubgraphType(subgraph_type) == SubgraphType.induced and (disjoint or time_attr):
-        raise ValueError("'disjoint' sampling (temporal sampling is disjoint) is not supported "
-                         "with subgraph_type='induced' (neither is it in PyG); use "
-                         "'directional' or 'bidirectional'.")
-    if time_attr is None:
-        return
-    if sample_direction == "backward":
-        raise NotImplementedError("Temporal Sampling not yet supported for backward sampling")
-    if weight_attr is not None:
-        raise ValueError("weighted temporal sampling is not supported (weight_attr with "
-                         "time_attr); pass one of them.")
-    if temporal_strategy not in temporal.STRATEGIES:
-        raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
-                         f"{temporal_strategy!r}.")
