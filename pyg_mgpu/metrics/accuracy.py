@@ -7,6 +7,14 @@ The same function serves the two ways of evaluating:
   ``distributed=True``) and calls with ``sum_over_ranks=True`` (the default);
 - on one rank: rank 0 evaluates every node and calls with ``sum_over_ranks=False``, while the
   other ranks do not call at all.
+
+Not torchmetrics' ``MulticlassAccuracy``: its counts are exact and summed over the ranks
+alike, but it divides them in float32 (3 of 7 right gives 0.5714285969734192, not
+0.5714285714285714), so every accuracy a run records would change from its eighth digit; it
+also needs the class count declared on every rank, a rank without batches included, and
+gathers four counters where one all-reduce of two numbers serves.
+``tests/test_metrics_torchmetrics.py`` checks that the two agree on the same predictions: the
+same count of correct ones, and torchmetrics' ratio is this one rounded to float32.
 """
 from __future__ import annotations
 

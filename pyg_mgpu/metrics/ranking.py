@@ -13,6 +13,14 @@ so every rank raises the same error and none is left waiting in a collective.
 A diverged model's NaN or infinite scores are refused, not ranked: a NaN compares false with
 everything, so it would rank first and score as perfect. To score the finite ones anyway, drop
 the others first (``keep = torch.isfinite(scores)``) and say so where the metric is reported.
+
+Why not torchmetrics: its ``BinaryAUROC`` (``thresholds=None``, every score kept) computes the
+curve in float32 and passes scores outside [0, 1] through a sigmoid, batch by batch, which ties
+large logits (in float32 every score above about 17 becomes 1.0); its retrieval metrics
+(``RetrievalMRR``, ``RetrievalHitRate``) order tied scores as their sort leaves them, where OGB
+counts a tie half, and keep every score of every query until the end, where sums suffice here.
+``tests/test_metrics_torchmetrics.py`` shows each difference, and that on probabilities the two
+AUCs agree to float32's rounding.
 """
 from __future__ import annotations
 
