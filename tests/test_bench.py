@@ -57,6 +57,7 @@ def test_rank_count_defaults_to_two_cpu_ranks_or_every_visible_gpu(tmp_path, mon
     (["--sampler-only", "--batch-size", "5000"], "use more nodes than --batch-size"),
     (["--step-costs"], "error: --step-costs measures 32 batches (with --sample-batches 8)"),
     (["--devices", "cpu", "--nprocs", "9999"], "error: --nprocs 9999: more than 4 CPU ranks"),
+    (["--predict", "--repeats", "0"], "error: --repeats must be a positive number of rounds"),
 ])
 def test_every_flag_is_checked_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
     def work(*args, **kwargs):
@@ -294,3 +295,25 @@ def test_gpu_suite_runs_the_products_systems_it_is_given(tmp_path):
                                "SUITE_SYSTEMS": "pyg_mgpu,pyg_mgpu_cuda_graph"})
     products = [line for line in done.stdout.splitlines() if line.startswith("== products")]
     assert len(products) == 1 and "--systems pyg_mgpu,pyg_mgpu_cuda_graph --out" in products[0]
+
+
+def test_predict_rounds_alternate_and_the_ratio_is_the_median_of_each_rounds():
+    from pyg_mgpu.tools import predict_bench
+    assert predict_bench.round_orders(3) == [predict_bench.SIDES, predict_bench.SIDES[::-1],
+                                             predict_bench.SIDES]
+    summary = predict_bench.summarize({"pyg_inference": [30.0, 80.0, 20.0],
+                                       "pyg_mgpu_predict": [10.0, 20.0, 10.0]})
+    assert summary["ratios"] == [3.0, 4.0, 2.0] and summary["ratio_median"] == 3.0
+    assert summary["pyg_inference_median_s"] == 30.0
+    assert summary["pyg_mgpu_predict_median_s"] == 10.0
+
+
+@pytest.mark.slow
+def test_predict_bench_times_both_on_one_graph_with_equal_outputs(tmp_path, capsys):
+    assert bench.main(TINY + ["--predict", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    results = report["results"]
+    assert report["mode"] == "predict" and len(results["ratios"]) == 2
+    assert results["max_abs_difference"] < 1e-4 and results["num_nodes"] == 3000
+    assert "PyG / pyg_mgpu: median" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]

@@ -31,6 +31,9 @@ Systems:
 ``--sampler-only`` measures sampled edges per second for ``pyg_mgpu.NeighborSampler`` in each mode
 (directional, bidirectional, induced, weighted, disjoint, replace; one thread), through the loader
 with DataLoader workers, and for PyG's ``NeighborLoader`` when pyg-lib or torch-sparse is there.
+
+``--predict`` times every node's outputs through ``pyg_mgpu.predict`` against PyG's
+``model.inference`` over an all-neighbour loader, in rounds (``tools/predict_bench.py``).
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ from typing import Optional, Sequence
 from pyg_mgpu.distributed.devices import RANKS_PER_CORE_LIMIT, resolve_devices
 from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
+from pyg_mgpu.tools.predict_bench import format_predict, run_predict_bench
 from pyg_mgpu.tools.sampler_bench import run_sampler_bench, synthetic_graph
 from pyg_mgpu.tools.step_costs import batches_needed, count_steps, format_step_costs
 from pyg_mgpu.train.loaders import BATCHES_PER_WALK
@@ -110,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-batches", type=int, default=BATCHES_PER_WALK, metavar="K",
                    help="--step-costs: also count steps whose batches are sampled K per walk "
                         "(the default on GPUs), per batch; 1 skips that count")
+    p.add_argument("--predict", action="store_true",
+                   help="time pyg_mgpu.predict against PyG's model.inference (one process, "
+                        "--batch-size nodes a step, a layer per --fanout hop) instead")
+    p.add_argument("--repeats", type=int, default=4,
+                   help="--predict: rounds of both, alternating which goes first")
     p.add_argument("--batches", type=int, default=30,
                    help="batches per sampler measurement (--sampler-only: a multiple of 6 "
                         "gives every mode every place in the turns equally often)")
@@ -132,9 +141,11 @@ def check_args(args) -> None:
 
     from pyg_mgpu.data.synthetic import SyntheticSpec
 
-    if args.baseline and (args.step_costs or args.sampler_only):
-        raise ValueError("--baseline compares training runs; drop it with --step-costs or "
-                         "--sampler-only.")
+    if args.baseline and (args.step_costs or args.sampler_only or args.predict):
+        raise ValueError("--baseline compares training runs; drop it with --step-costs, "
+                         "--sampler-only or --predict.")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be a positive number of rounds, got {args.repeats}.")
     try:
         fanout = tuple(int(k) for k in args.fanout.split(","))
     except ValueError:
@@ -360,6 +371,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\nwith --cuda-graph and {args.sample_batches} batch(es) per walk, per batch:")
         print(format_step_costs(graphed), end="")
         results = {**results, "cuda_graph": graphed}
+    elif args.predict:
+        results = run_predict_bench(args, out)
+        print(format_predict(results))
     elif args.sampler_only:
         results = run_sampler_bench(args)
         for key, value in results.items():
@@ -369,7 +383,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         results = run_training_bench(args, out)
         print(format_training(results))
-    mode = "step_costs" if args.step_costs else "sampler" if args.sampler_only else "training"
+    mode = ("step_costs" if args.step_costs else "sampler" if args.sampler_only
+            else "predict" if args.predict else "training")
     report = {"mode": mode,
               "args": vars(args), "results": results}
     (out / "bench.json").write_text(json.dumps(report, indent=2))
