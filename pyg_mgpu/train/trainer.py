@@ -51,6 +51,7 @@ from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoc
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
 from pyg_mgpu.train.plan import RunPlan, least_free_gpu_bytes, plan_rank
 from pyg_mgpu.train.run_folder import hold_run_folder
+from pyg_mgpu.train.tensorboard_log import TensorBoardLog
 from pyg_mgpu.train.trace import StepTrace, format_top
 from pyg_mgpu.train.trainee import Trainee, build_ddp
 
@@ -195,7 +196,8 @@ def _then_trace(after_step, trace: StepTrace, *args) -> None:
 
 
 def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
-        progress: Progress, out: Path, data_fingerprint: Optional[str] = None) -> Progress:
+        progress: Progress, out: Path, data_fingerprint: Optional[str] = None,
+        board: Optional[TensorBoardLog] = None) -> Progress:
     """Trains the remaining epochs: one epoch, validation, checkpoint, log line each.
 
     Between steps the ranks agree whether to stop (a stop signal reached any of them) or to
@@ -249,6 +251,8 @@ def fit(cfg: TrainConfig, ctx: RankContext, trainee: Trainee, data: RankData,
                                      "epoch_time_s": epoch_time, "eval_time_s": eval_time,
                                      "gpu_busy_pct": gpu_busy_pct,
                                      "stage_times_s": dict(timer.seconds)})
+            if board is not None:  # rank 0's TensorBoard log
+                board.epoch(progress.history[-1], seeds=data.graph.train_idx.numel())
             progress.next_epoch = epoch + 1
             warnings = collapse_warnings(progress.history, lr=cfg.model.lr, norm=cfg.model.norm,
                                          model=cfg.model.model)
@@ -386,9 +390,12 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
                 warnings.warn(f"the resumed run's plan differs from its checkpoint's: "
                               f"{'; '.join(changed)}; it continues, but not with the batches "
                               "or speed the run had", stacklevel=2)
+    board = TensorBoardLog.open(out, cfg.to_dict(), is_main=ctx.is_main,
+                                first_epoch=progress.next_epoch)
     progress = fit(cfg, ctx, trainee, data, progress, out,
-                   data_fingerprint=(run_info or {}).get("data_fingerprint"))
+                   data_fingerprint=(run_info or {}).get("data_fingerprint"), board=board)
     results = evaluate_best(cfg, ctx, trainee.model, data, progress)
+    results["tensorboard"] = board.finish(results, best_epoch=progress.best["epoch"])
     if trainee.graphed is not None:
         results["cuda_graph"] = trainee.graphed.summary()
     report(cfg, ctx, data, progress, results, out, run_info or {},
