@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from pyg_mgpu.distributed.devices import free_port
-from pyg_mgpu.distributed_sampling import main, make_out_dir
+from pyg_mgpu.distributed_sampling import main
+from pyg_mgpu.train.job import make_out_dir
 from pyg_mgpu.train.checkpoint import CHECKPOINT
 from pyg_mgpu.train import run_folder
 from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder, hold_run_folder

@@ -64,14 +64,15 @@ def process_group(rank: int, world_size: int, device: torch.device, *, init_meth
 
 
 @contextlib.contextmanager
-def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
+def torchrun_process_group(devices: "str | torch.device" = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S,
                            tune_allocator: bool = True, backend: str = "auto",
                            grace_s: float = stop.DEFAULT_GRACE_S) -> Iterator[RankContext]:
     """Joins the ``torchrun`` job as the rank its environment names, for the body.
 
     The rank's device comes from ``devices``
     (:func:`~pyg_mgpu.distributed.devices.torchrun_device`): GPU ``LOCAL_RANK`` by default
-    where CUDA is available, else the CPU. Like a spawned rank, it gets its share of the
+    where CUDA is available, else the CPU; a ``torch.device`` is that device, resolved
+    already. Like a spawned rank, it gets its share of the
     machine's cores as torch threads (``LOCAL_WORLD_SIZE`` ranks per machine), with
     ``tune_allocator`` the allocator settings of :func:`tune_cpu_allocator`, and the
     stop-signal handling of :mod:`pyg_mgpu.distributed.stop` (torchrun forwards SIGTERM to its
@@ -79,7 +80,8 @@ def torchrun_process_group(devices: str = "auto", *, timeout_s: float = DEFAULT_
     """
     stop.install_rank_handlers(grace_s)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torchrun_device(devices, local_rank, backend)
+    device = (devices if isinstance(devices, torch.device)
+              else torchrun_device(devices, local_rank, backend))
     if tune_allocator:
         tune_cpu_allocator()
     set_thread_budget(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))

@@ -1,17 +1,21 @@
 """The graph a run's config names: the one place the launchers and the DGL comparison turn a
-:class:`~pyg_mgpu.train.config.TrainConfig` into a dataset."""
+:class:`~pyg_mgpu.train.config.TrainConfig` into a dataset, and the checks every launcher makes
+of it (:func:`load_checked`)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from pyg_mgpu.data.cache import default_cache_dir
 from pyg_mgpu.data.datasets import load_graph
+from pyg_mgpu.data.fingerprint import data_fingerprint
 from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_datasets import load_hetero_graph
 from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.data.synthetic import SyntheticSpec
+from pyg_mgpu.sampling.sharding import check_shardable
+from pyg_mgpu.train.checkpoint import check_same_data
 from pyg_mgpu.train.config import TrainConfig
 
 
@@ -44,3 +48,22 @@ def load_configured(cfg: TrainConfig, *, for_training: bool = True,
                       feature_dtype=torch.bfloat16 if bf16 else None,
                       cache_dir=None if cfg.data.no_cache else (cfg.data.cache_dir or default_cache_dir()),
                       placement=placement, log=lambda line: print(line, flush=True))
+
+
+def load_checked(cfg: TrainConfig, world_size: int, resumed: Optional[dict],
+                 load: Callable[[TrainConfig], object] = load_configured):
+    """The run's graph (``load``: how this process gets it) and its fingerprint, checked: its
+    training nodes shard over ``world_size`` ranks, and a resumed run (``resumed``: the
+    checkpoint) continues on the data it was trained on."""
+    graph = load(cfg)
+    check_shardable(graph.train_idx.numel(), world_size, cfg.training.batch_size)
+    fingerprint = data_fingerprint(graph.tensors())
+    if resumed is not None:
+        check_same_data(resumed, fingerprint, cfg.faults.resume, graph.tensors())
+    return graph, fingerprint
+
+
+def run_header(graph, cfg: TrainConfig, load_s: float, ranks: str) -> str:
+    """The lines a run starts with: the data, how long it took to load, the ranks, the model."""
+    return (f"{graph.summary()} | loaded in {load_s:.1f}s | {ranks}\n"
+            f"{cfg.recipe_summary()}")

@@ -17,15 +17,13 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from pyg_mgpu.data.fingerprint import data_fingerprint
 from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.process_group import torchrun_process_group
-from pyg_mgpu.sampling.sharding import check_shardable
-from pyg_mgpu.train.checkpoint import check_same_data, save_torch
+from pyg_mgpu.train.checkpoint import save_torch
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.dataset import load_configured
+from pyg_mgpu.train.dataset import load_checked, load_configured, run_header
 from pyg_mgpu.train.loop import fewest_and_most
 from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder
 
@@ -107,16 +105,17 @@ def claim_on_rank0(cfg: TrainConfig, ctx: RankContext, make_out: Callable[[], Pa
     return Path(answer[0])
 
 
-def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path],
+def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path], device: torch.device,
                       resumed: Optional[dict] = None) -> Path:
-    """The entry point under torchrun: same trainer, environment rendezvous. ``make_out``:
-    makes the output folder (rank 0 calls it); ``resumed``: the checkpoint ``--resume`` names,
-    whose data this run's must be. Returns the output folder."""
+    """The entry point under torchrun: the job's launch sequence (:mod:`pyg_mgpu.train.job`)
+    as one rank, with environment rendezvous. ``make_out``: makes the output folder (rank 0
+    calls it); ``device``: this rank's, resolved; ``resumed``: the checkpoint ``--resume``
+    names, whose data this run's must be. Returns the output folder."""
     from pyg_mgpu.train.trainer import run_training
 
     # The pyg recipe is a baseline: its allocator is left as PyG's example runs it.
     with contextlib.ExitStack() as claims:  # rank 0's claim lasts until its plots are written
-        with torchrun_process_group(cfg.ranks.devices, timeout_s=cfg.ranks.timeout_s,
+        with torchrun_process_group(device, timeout_s=cfg.ranks.timeout_s,
                                     tune_allocator=cfg.model.recipe == "pyg_mgpu",
                                     backend=cfg.ranks.backend,
                                     grace_s=cfg.faults.grace_s) as ctx:
@@ -124,17 +123,15 @@ def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path],
             out = claim_on_rank0(cfg, ctx, make_out, claims)
             cfg.outputs.out = str(out)  # the folder chosen is the one recorded
             start = time.perf_counter()
-            graph = load_graph_once_per_node(cfg, ctx)
-            check_shardable(graph.train_idx.numel(), ctx.world_size, cfg.training.batch_size)
-            fingerprint = data_fingerprint(graph.tensors())
-            if resumed is not None:
-                check_same_data(resumed, fingerprint, cfg.faults.resume, graph.tensors())
+            graph, fingerprint = load_checked(cfg, ctx.world_size, resumed,
+                                              lambda cfg: load_graph_once_per_node(cfg, ctx))
+            load_s = time.perf_counter() - start
             if ctx.is_main:
-                print(f"{graph.summary()} | {ctx.world_size} rank(s) under torchrun on "
-                      f"{ctx.device.type}\n{cfg.recipe_summary()}", flush=True)
-            run_training(ctx, graph, cfg, str(out),
-                         {"load_time_s": time.perf_counter() - start, "launcher": "torchrun",
-                          "data_fingerprint": fingerprint})
+                print(run_header(graph, cfg, load_s, f"{ctx.world_size} rank(s) under torchrun "
+                                 f"on {ctx.device.type}"), flush=True)
+            run_training(ctx, graph, cfg, str(out), {"load_time_s": load_s,
+                                                     "launcher": "torchrun",
+                                                     "data_fingerprint": fingerprint})
         if ctx.is_main:
             from pyg_mgpu.train.plots import plot_run
             plot_run(out)

@@ -1,0 +1,124 @@
+"""A training job from its config to its output folder: one launch sequence, for the ranks a
+job spawns and for a rank of a ``torchrun`` job.
+
+Both take the same steps: the output folder made and claimed, the devices resolved and their
+warnings printed, a resume checked, the graph loaded once and checked
+(:func:`~pyg_mgpu.train.dataset.load_checked`), the run's header, :func:`~pyg_mgpu.train.trainer.run_training` on every
+rank, and the plots. They differ in who takes which step: a spawned job's parent loads and
+shares the graph and starts the ranks; under torchrun every process is a rank, rank 0 claims
+the folder and local rank 0 loads the graph for its machine (:mod:`pyg_mgpu.train.multinode`).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from pyg_mgpu.distributed.devices import (RANKS_PER_CORE_LIMIT, launched_by_torchrun,
+                                          resolve_devices, torchrun_device)
+from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable, check_resume_names_a_folder
+from pyg_mgpu.train.config import ConfigError, TrainConfig
+from pyg_mgpu.train.dataset import load_checked, run_header
+from pyg_mgpu.train.loaders import resolve_sampler
+
+
+def make_out_dir(out: Optional[str]) -> Path:
+    """``--out``, created and checked writable; without it a new ``runs/<timestamp>`` (with a
+    suffix when a run started in the same second has it)."""
+    path = Path(out) if out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        if out:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path = _new_folder(path)
+        probe = path / f".write-test-{os.getpid()}"  # by pid: never another process's
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot write there ({e.strerror}); choose a "
+                          "writable folder.")
+    return path
+
+
+def _new_folder(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ...: the first that did not exist, created."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "a thousand runs started this second", str(path))
+
+
+def run(cfg: TrainConfig) -> Path:
+    """Loads the data once, shares it, starts the ranks (or, under torchrun, runs as one);
+    returns the output folder."""
+    resolve_sampler(cfg.training.sampler)
+    check_resume_names_a_folder(cfg.faults.resume)
+    if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
+        cfg.faults.resume = cfg.outputs.out if (Path(cfg.outputs.out) / CHECKPOINT).is_file() \
+            else None
+    if launched_by_torchrun():  # rank 0 makes and claims the folder, in the process group
+        return _start(cfg, None)
+    from pyg_mgpu.train.run_folder import claim_run_folder
+
+    out = make_out_dir(cfg.outputs.out or cfg.faults.resume)
+    cfg.outputs.out = str(out)  # the folder chosen is the one recorded
+    with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
+        return _start(cfg, out)
+
+
+def _resolve_devices(cfg: TrainConfig, torchrun: bool) -> list[torch.device]:
+    """The ranks' devices (under torchrun: this rank's), their notices printed once."""
+    with warnings.catch_warnings(record=True) as notices:  # one line each, as errors are
+        warnings.simplefilter("always")
+        devices = ([torchrun_device(cfg.ranks.devices, int(os.environ.get("LOCAL_RANK", 0)),
+                                    cfg.ranks.backend)] if torchrun else
+                   resolve_devices(cfg.ranks.devices, cfg.ranks.nprocs, cfg.ranks.backend,
+                                   max_per_core=RANKS_PER_CORE_LIMIT))
+    if int(os.environ.get("RANK", 0)) == 0:  # a torchrun job's ranks would each say it
+        for notice in [str(n.message) for n in notices] + cfg.ignored_flags(devices[0].type):
+            print(f"warning: {notice}", file=sys.stderr)
+    return devices
+
+
+def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
+    """The run in a claimed ``out``; under torchrun (``out`` None) as one rank of the job."""
+    from pyg_mgpu.distributed.host import release_free_heap, usable_cores
+    from pyg_mgpu.distributed.launch import launch_local
+    from pyg_mgpu.train.plots import plot_run
+    from pyg_mgpu.train.trainer import run_training
+
+    torchrun = launched_by_torchrun()
+    devices = _resolve_devices(cfg, torchrun)
+    world_size = int(os.environ["WORLD_SIZE"]) if torchrun else len(devices)
+    resumed = check_resumable(cfg, world_size) if cfg.faults.resume else None
+    if torchrun:
+        from pyg_mgpu.train.multinode import run_torchrun_rank
+        return run_torchrun_rank(cfg, lambda: make_out_dir(cfg.outputs.out or cfg.faults.resume),
+                                 devices[0], resumed)
+    start = time.perf_counter()
+    graph, fingerprint = load_checked(cfg, world_size, resumed)
+    graph.share_memory_()
+    load_s = time.perf_counter() - start
+    print(run_header(graph, cfg, load_s, f"{world_size} rank(s) on {devices[0].type} | "
+                     f"threads/rank {max(1, usable_cores() // world_size)}"), flush=True)
+    release_free_heap()
+    # On the ranks resolved above (spawn would resolve them again); the graph is shared already.
+    # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
+    launch_local(run_training, devices,
+                 args=(graph, cfg, str(out), {"load_time_s": load_s,
+                                              "data_fingerprint": fingerprint}),
+                 timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
+                 grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu")
+    plot_run(out)
+    return out
