@@ -184,21 +184,26 @@ class LightningNodeData(ShardedLoaders, PyGLightningNodeData):
                              train=train, sampler=sampler)
 
     def train_dataloader(self) -> DataLoader:
+        """This rank's training loader: its share of each epoch's seeds, reshuffled by
+        ``set_epoch``."""
         if self.loader == "full":
             return super().train_dataloader()
         return self._nodes_loader("train", train=True)
 
     def val_dataloader(self) -> DataLoader:
+        """This rank's slice of the validation seeds, in order."""
         if self.loader == "full":
             return super().val_dataloader()
         return self._nodes_loader("val")
 
     def test_dataloader(self) -> DataLoader:
+        """This rank's slice of the test seeds, in order."""
         if self.loader == "full":
             return super().test_dataloader()
         return self._nodes_loader("test")
 
     def predict_dataloader(self) -> DataLoader:
+        """This rank's slice of the prediction seeds, in order."""
         if self.loader == "full":
             return super().predict_dataloader()
         return self._nodes_loader("pred")
@@ -215,6 +220,18 @@ class LightningLinkData(ShardedLoaders, PyGLightningLinkData):
     ...), and ``seed`` as :class:`LightningNodeData` takes it. Training shards the seed edges
     over the ranks each epoch; each rank draws its negatives from its own sampler's generator,
     in training and in evaluation.
+
+    Example:
+        Binary negatives, one per positive seed edge, on rank 0 of 1 (outside a trainer):
+
+        >>> from torch_geometric.data import Data
+        >>> data = Data(x=torch.randn(6, 4), edge_index=torch.tensor([[0, 1, 2, 3, 4],
+        ...                                                            [1, 2, 3, 4, 5]]))
+        >>> datamodule = pyg_mgpu.LightningLinkData(data, data.edge_index, num_neighbors=[2],
+        ...                                         neg_sampling_ratio=1.0, batch_size=5)
+        >>> batch = next(iter(datamodule.train_dataloader()))
+        >>> batch.edge_label.tolist()
+        [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     """
 
     _sampler_argument = "link_sampler"
@@ -255,21 +272,26 @@ class LightningLinkData(ShardedLoaders, PyGLightningLinkData):
                              train=train, sampler=sampler)
 
     def train_dataloader(self) -> DataLoader:
+        """This rank's training loader: its share of each epoch's seeds, reshuffled by
+        ``set_epoch``."""
         if self.loader == "full":
             return super().train_dataloader()
         return self._edges_loader("train", train=True)
 
     def val_dataloader(self) -> DataLoader:
+        """This rank's slice of the validation seeds, in order."""
         if self.loader == "full":
             return super().val_dataloader()
         return self._edges_loader("val")
 
     def test_dataloader(self) -> DataLoader:
+        """This rank's slice of the test seeds, in order."""
         if self.loader == "full":
             return super().test_dataloader()
         return self._edges_loader("test")
 
     def predict_dataloader(self) -> DataLoader:
+        """This rank's slice of the prediction seeds, in order."""
         if self.loader == "full":
             return super().predict_dataloader()
         return self._edges_loader("pred")
