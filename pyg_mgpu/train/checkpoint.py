@@ -7,6 +7,7 @@ taken inside an epoch, where in the epoch it was and each rank's partial loss an
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,14 +160,46 @@ class StepPosition:
     elapsed_s: float = 0.0
 
 
-def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, history: list, best: dict,
-                    best_state: dict, sampler, step: Optional[StepPosition] = None,
-                    padded_layout: Optional[tuple] = None,
+@dataclass
+class Progress:
+    """What the epochs have produced so far: what a checkpoint keeps of them
+    (:meth:`state_dict`) and restores (:meth:`from_checkpoint`)."""
+
+    history: list
+    best: dict
+    best_state: dict
+    next_epoch: int = 1
+    resume_step: Optional[StepPosition] = None  # a checkpoint taken inside next_epoch
+
+    @classmethod
+    def start(cls, model: torch.nn.Module) -> "Progress":
+        """Before the first epoch: nothing validated yet, the initial weights the best."""
+        return cls(history=[], best={"val_acc": -1.0, "epoch": 0},
+                   best_state=copy.deepcopy(model.state_dict()))
+
+    def state_dict(self) -> dict:
+        """The checkpoint's entries for the progress (``epoch``: the epochs finished)."""
+        return {"epoch": self.next_epoch - 1, "history": self.history, "best": self.best,
+                "best_state": self.best_state}
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, rank: int) -> "Progress":
+        """The progress a checkpoint recorded, with this rank's place inside the next epoch
+        where it was taken between steps."""
+        step = ckpt.get("step")
+        position = None if step is None else StepPosition(
+            step["epoch"], step["done"], step["totals"][rank], elapsed_s=step["elapsed_s"])
+        return cls(ckpt["history"], ckpt["best"], ckpt["best_state"],
+                   next_epoch=ckpt["epoch"] + 1, resume_step=position)
+
+
+def save_checkpoint(out: Path, ctx, cfg, progress: Progress, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, sampler,
+                    step: Optional[StepPosition] = None, padded_layout: Optional[tuple] = None,
                     data_fingerprint: Optional[str] = None, plan: Optional[dict] = None) -> None:
     """Everything ``--resume`` needs to continue exactly, written atomically by rank 0.
 
-    ``epoch``: the epochs finished; ``step``: set for a checkpoint taken inside the next epoch;
+    ``progress``: the epochs so far; ``step``: set for a checkpoint taken inside the next epoch;
     ``padded_layout``: this rank's padded sizes with ``--cuda-graph``; ``data_fingerprint``:
     the data's (:func:`~pyg_mgpu.data.fingerprint.data_fingerprint`), which a resume checks;
     ``plan``: the run plan's resolved settings (:mod:`pyg_mgpu.train.plan`), which a resume
@@ -181,10 +214,9 @@ def save_checkpoint(out: Path, ctx, cfg, epoch: int, model: torch.nn.Module,
         position = None if step is None else {
             "epoch": step.epoch, "done": step.done, "elapsed_s": step.elapsed_s,
             "totals": [r["totals"] for r in ranks]}
-        save_torch({"epoch": epoch, "step": position, "world_size": ctx.world_size,
+        save_torch({**progress.state_dict(), "step": position, "world_size": ctx.world_size,
                     "config": cfg.to_dict(), "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(), "history": history, "best": best,
-                    "best_state": best_state, "rng": [r["rng"] for r in ranks],
+                    "optimizer": optimizer.state_dict(), "rng": [r["rng"] for r in ranks],
                     "padded_layouts": [r["padded_layout"] for r in ranks],
                     "data_fingerprint": data_fingerprint, "plan": plan},
                    out / CHECKPOINT)

@@ -37,6 +37,7 @@ from pyg_mgpu.seeds import eval_loader_seed
 from pyg_mgpu.train.busy import BusyShare, nvml_reader
 from pyg_mgpu.train.checkpoint import (
     CHECKPOINT,
+    Progress,
     StepPosition,
     describe,
     restore_checkpoint,
@@ -119,17 +120,6 @@ def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> R
                     Evaluator(graph, cfg, ctx, plan, feature_cache), feature_cache)
 
 
-@dataclass
-class Progress:
-    """What the epochs have produced so far (and what a checkpoint restores)."""
-
-    history: list
-    best: dict
-    best_state: dict
-    next_epoch: int = 1
-    resume_step: Optional[StepPosition] = None  # a checkpoint taken inside next_epoch
-
-
 class StepCheckpoints:
     """What happens between steps and between epochs: the ranks' agreement on stopping, and the
     checkpoints it, ``--checkpoint-every-steps`` or ``--checkpoint-every-s`` call for.
@@ -176,9 +166,8 @@ class StepCheckpoints:
 
     def _save(self, step: Optional[StepPosition]) -> None:
         progress, trainee = self.progress, self.trainee
-        save_checkpoint(self.out, self.ctx, self.cfg, progress.next_epoch - 1, trainee.model,
-                        trainee.optimizer, progress.history, progress.best,
-                        progress.best_state, self.sampler, step=step,
+        save_checkpoint(self.out, self.ctx, self.cfg, progress, trainee.model,
+                        trainee.optimizer, self.sampler, step=step,
                         padded_layout=trainee.graphed and trainee.graphed.layout_state(),
                         data_fingerprint=self.data_fingerprint, plan=self.plan.to_dict())
         self.agreement.checkpoint_written()
@@ -368,21 +357,14 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
         tqdm.write("--cuda-graph: the ranks run on the CPU, where the padded step runs "
                    "without a CUDA graph")
     data = build_loaders(cfg, graph, ctx)
-    progress = Progress(history=[], best={"val_acc": -1.0, "epoch": 0},
-                        best_state=copy.deepcopy(trainee.model.state_dict()))
-    if cfg.faults.resume:
+    progress = Progress.start(trainee.model)
+    if cfg.faults.resume:  # the generators' states are restored with the weights
         ckpt = restore_checkpoint(cfg.faults.resume, ctx, trainee.model, trainee.optimizer,
                                   data.train_loader.node_sampler)
-        progress = Progress(ckpt["history"], ckpt["best"], ckpt["best_state"],
-                            next_epoch=ckpt["epoch"] + 1)
+        progress = Progress.from_checkpoint(ckpt, ctx.rank)
         if trainee.graphed is not None:
             layouts = ckpt.get("padded_layouts") or [None] * ctx.world_size
             trainee.graphed.resume_layout(layouts[ctx.rank])
-        step = ckpt.get("step")
-        if step is not None:  # the generator state was restored with the others
-            progress.resume_step = StepPosition(step["epoch"], step["done"],
-                                                step["totals"][ctx.rank],
-                                                elapsed_s=step["elapsed_s"])
         if ctx.is_main:
             tqdm.write(f"resumed from {cfg.faults.resume}, {describe(ckpt)}")
             changed = data.plan.differences(ckpt.get("plan"))
