@@ -17,12 +17,15 @@ CPU = SimpleNamespace(device=torch.device("cpu"), backend="gloo")
 def test_cpu_ranks_resolve_every_default():
     plan = plan_rank(TrainConfig.from_flags(batch_size=128), GRAPH, CPU)
     assert plan == RunPlan(sampler="native", graph_on="cpu", sample_batches=1, prefetch=0,
-                           feature_cache_gb=0, eval_batch_size=128, backend="gloo")
+                           feature_cache_gb=0, eval_batch_size=128, backend="gloo",
+                           matmul_precision="highest")
     small = plan_rank(TrainConfig.from_flags(batch_size=SMALL_CPU_BATCH), GRAPH, CPU)
     assert small.sample_batches == BATCHES_PER_WALK
     given = plan_rank(TrainConfig.from_flags(sample_batches=3, prefetch=2, eval_batch_size=5),
                       GRAPH, CPU)
     assert (given.sample_batches, given.prefetch, given.eval_batch_size) == (3, 2, 5)
+    tf32 = plan_rank(TrainConfig.from_flags(matmul_precision="high"), GRAPH, CPU)
+    assert tf32.matmul_precision == "high"
 
 
 @pytest.mark.parametrize("free, graph_on, cache_gb", [

@@ -32,6 +32,7 @@ class RunPlan:
     feature_cache_gb: float  # the GPU feature cache's budget; 0: no cache
     eval_batch_size: int
     backend: str  # the process group's: gloo or nccl
+    matmul_precision: str  # float32 matmuls: highest (strict fp32) or high (TF32 on GPUs)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,7 +68,7 @@ def plan_rank(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext,
                                         cfg.training.batch_size, on_gpu=on_gpu),
         prefetch=prefetch, feature_cache_gb=budget / 2**30,  # exact: a power of two
         eval_batch_size=cfg.evaluation.eval_batch_size or cfg.training.batch_size,
-        backend=ctx.backend)
+        backend=ctx.backend, matmul_precision=perf.matmul_precision)
 
 
 def least_free_gpu_bytes(ctx: RankContext) -> Optional[int]:

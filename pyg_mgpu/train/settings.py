@@ -22,6 +22,8 @@ EVAL_MODES = ("rank0", "all")
 SAMPLERS = ("auto", "native", "pyg")
 INFERENCE_MODES = ("sampled", "layerwise")
 AMP_MODES = ("none", "bf16")
+# torch.set_float32_matmul_precision's: strict fp32, or TF32 on GPUs.
+MATMUL_PRECISIONS = ("highest", "high")
 # Where the graph lives for the ranks: copied to /dev/shm, or left in the graph cache's files
 # (mapped: the kernel may page it out, so it need not fit in RAM); auto maps when /dev/shm is
 # too small for it.
@@ -239,6 +241,12 @@ class PerformanceSettings:
     TITLE = "performance"
     amp: str = setting("none", "bf16 autocast for the model, features stored in bf16 (CPU with "
                        "AVX512-BF16/AMX, or GPU)", choices=AMP_MODES)
+    matmul_precision: str = setting(
+        "highest", "float32 matmuls: highest = strict fp32; high = TF32 on NVIDIA GPUs (Ampere "
+        "and later: fp32 range, a 10-bit mantissa, several times the fp32 matmul rate). CPUs "
+        "keep fp32 accuracy with either (oneDNN may pick another fp32 kernel, so the last bits "
+        "can differ). Sets torch.set_float32_matmul_precision on every rank",
+        choices=MATMUL_PRECISIONS)
     compile: bool = setting(False, "torch.compile the model (dynamic shapes; inductor fuses "
                             "ReLU and dropout itself); meant for GPUs")
     cuda_graph: bool = setting(

@@ -40,9 +40,17 @@ class Trainee:
 _FUSED_CPU_ADAM = TorchVersion(torch.__version__) >= "2.4"  # CPU kernels from torch 2.4 on
 
 
+def set_matmul_precision(cfg: TrainConfig) -> None:
+    """This process's float32 matmuls as ``--matmul-precision`` asks: strict fp32
+    (``highest``) or TF32 on GPUs (``high``), for training and evaluation alike. A
+    process-wide torch setting, so each rank sets it before its model computes anything."""
+    torch.set_float32_matmul_precision(cfg.performance.matmul_precision)
+
+
 def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Trainee:
     """The model (identical initial weights on every rank), wrapped in DDP (not with
     ``--cuda-graph``), and its optimizer."""
+    set_matmul_precision(cfg)
     torch.manual_seed(cfg.training.seed)
     ours = cfg.model.recipe == "pyg_mgpu"
     # The fused ReLU/dropout does not compile (AOTAutograd fails on its byte view); under
