@@ -6,7 +6,10 @@ PyG loop. pyg_mgpu supplies the distributed parts only:
 - ``pyg_mgpu.spawn``: one rank per GPU (or 2 CPU ranks), the graph shared once by all ranks;
 - ``pyg_mgpu.NeighborLoader(..., distributed=True)``: PyG's loader, each rank a shard of the
   nodes and every rank the same number of batches (DDP never waits on a finished rank);
-- ``pyg_mgpu.accuracy``: correct predictions and node counts summed over the ranks.
+and it scores with torchmetrics, as PyG's multi-GPU examples do: ``MulticlassAccuracy`` adds its
+correct predictions and node counts over the ranks when it computes, and since the loaders show
+every evaluation node to exactly one rank, the accuracy is the whole split's (``pyg_mgpu.accuracy``
+computes the same sums, and divides in float64).
 
     python examples/custom_model.py
     python examples/custom_model.py --dataset cora --root ../shared/data/planetoid --epochs 20
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch_geometric.nn import GATConv
 from torch_geometric.utils import trim_to_layer
+from torchmetrics.classification import MulticlassAccuracy
 
 import pyg_mgpu
 from pyg_mgpu.data import DatasetError, SyntheticSpec
@@ -52,6 +56,20 @@ class GAT(torch.nn.Module):
         return x
 
 
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, metric: MulticlassAccuracy, device) -> float:
+    """The accuracy over every rank's shard of ``loader``'s nodes: each rank counts its own,
+    and ``compute`` sums the counts over the ranks (every rank must call it)."""
+    model.eval()
+    metric.reset()
+    for batch in loader:
+        batch = batch.to(device)
+        out = model(batch.x, batch.edge_index, batch.num_sampled_nodes,
+                    batch.num_sampled_edges)[:batch.batch_size]
+        metric.update(out.argmax(dim=-1), batch.y[:batch.batch_size])
+    return float(metric.compute())
+
+
 def train(ctx: pyg_mgpu.RankContext, data, args: argparse.Namespace) -> None:
     sampling = dict(num_neighbors=[10, 10], batch_size=args.batch_size, distributed=True)
     train_loader = pyg_mgpu.NeighborLoader(data, input_nodes=data.train_mask, shuffle=True,
@@ -65,6 +83,8 @@ def train(ctx: pyg_mgpu.RankContext, data, args: argparse.Namespace) -> None:
     ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
                                   else None)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr, weight_decay=5e-4)
+    # average="micro": correct predictions over all nodes, not a mean over classes.
+    metric = MulticlassAccuracy(data.num_classes, average="micro").to(ctx.device)
 
     for epoch in range(1, args.epochs + 1):
         ddp.train()
@@ -77,14 +97,14 @@ def train(ctx: pyg_mgpu.RankContext, data, args: argparse.Namespace) -> None:
             loss = F.cross_entropy(out, batch.y[:batch.batch_size])
             loss.backward()
             optimizer.step()
-        # Every rank evaluates its shard; accuracy sums over the ranks, so every rank calls it.
-        # Pass the unwrapped model: DDP's forward is for training.
-        val_acc = pyg_mgpu.accuracy(model, val_loader)
+        # Every rank evaluates its shard and the metric sums over the ranks, so every rank
+        # calls it. Pass the unwrapped model: DDP's forward is for training.
+        val_acc = evaluate(model, val_loader, metric, ctx.device)
         if ctx.is_main:
             print(f"epoch {epoch:02d}: loss {loss.item():.4f} (rank 0's last batch), "
                   f"val acc {val_acc:.4f}", flush=True)
 
-    test_acc = pyg_mgpu.accuracy(model, test_loader)
+    test_acc = evaluate(model, test_loader, metric, ctx.device)
     if ctx.is_main:
         print(f"val acc {val_acc:.4f} | test acc {test_acc:.4f} | {ctx.world_size} ranks on "
               f"{ctx.device.type}", flush=True)

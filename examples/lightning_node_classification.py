@@ -10,6 +10,7 @@ and test node to exactly one rank, so the accuracies torchmetrics syncs over the
     python examples/lightning_node_classification.py --dataset cora --root ../shared/data/planetoid
     python examples/lightning_node_classification.py --accelerator gpu --devices 4
     python examples/lightning_node_classification.py --mapped         # one copy under 'ddp'
+    python examples/lightning_node_classification.py --pyg-datamodule # PyG's own class
 
 Under ``--strategy ddp`` Lightning starts this script once per rank and each loads the dataset;
 ``--mapped`` reads it from the converted-graph cache instead, whose files every rank maps (one
@@ -83,6 +84,9 @@ def datamodule(args: argparse.Namespace) -> tuple[pyg_mgpu.LightningNodeData, in
                                            None, graph.test_idx, **options),
                 graph.graph.num_features, graph.num_classes)
     data = pyg_mgpu.load_dataset(args.dataset, args.root, synthetic=synthetic)
+    if args.pyg_datamodule:  # the class this script replaces: needs pyg-lib or torch-sparse
+        from torch_geometric.data.lightning import LightningNodeData
+        return LightningNodeData(data, **options), data.num_features, data.num_classes
     return pyg_mgpu.LightningNodeData(data, **options), data.num_features, data.num_classes
 
 
@@ -93,6 +97,10 @@ def main() -> None:
     p.add_argument("--root", default=None, help="folder the dataset lives in")
     p.add_argument("--mapped", action="store_true",
                    help="read the graph from the converted-graph cache's mapped files")
+    p.add_argument("--pyg-datamodule", action="store_true",
+                   help="PyG's own LightningNodeData instead (needs pyg-lib or torch-sparse), "
+                        "for comparison")
+    p.add_argument("--seed", type=int, default=42)
     p.add_argument("--strategy", default="ddp", help="ddp, ddp_spawn, ...")
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--devices", type=int, default=2)
@@ -105,7 +113,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
     args = p.parse_args()
 
-    pl.seed_everything(42)
+    pl.seed_everything(args.seed)
     data, num_features, num_classes = datamodule(args)
     model = Model(num_features, num_classes, args.hidden, args.lr)
     trainer = pl.Trainer(strategy=args.strategy, accelerator=args.accelerator,
