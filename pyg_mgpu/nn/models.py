@@ -101,7 +101,8 @@ _NORMS = {"none": (None, None), "batch": ("batch_norm", {"allow_single_element":
 
 def build_model(name: str, in_channels: int, hidden_channels: int, out_channels: int,
                 num_layers: int, dropout: float = 0.5, *, heads: int = 8, norm: str = "none",
-                sparse_aggregation: bool = True, fast_dropout: bool = True) -> nn.Module:
+                sparse_aggregation: bool = True, fast_dropout: bool = True,
+                fused_aggregation: bool = False) -> nn.Module:
     """The ``--model`` network: ``num_layers`` message-passing layers, ReLU and dropout between.
 
     Args:
@@ -124,6 +125,8 @@ def build_model(name: str, in_channels: int, hidden_channels: int, out_channels:
             output does not depend on the batch it is in.
         sparse_aggregation: ``sage`` only: embedding-bag mean aggregation (else PyG's scatter).
         fast_dropout: ``sage`` only: the fused ReLU + byte-mask dropout (else PyG's plain ones).
+        fused_aggregation: ``sage`` only: on CUDA, neighbour means by the fused Triton kernels
+            (:func:`~pyg_mgpu.nn.fused_mean.gather_mean`) instead of ``embedding_bag``.
 
     Raises:
         ValueError: for an unknown ``name``, or GAT widths that ``heads`` does not divide.
@@ -132,7 +135,8 @@ def build_model(name: str, in_channels: int, hidden_channels: int, out_channels:
         if norm != "none":
             raise ValueError("our GraphSAGE has no normalization layers; norm='none'.")
         return GraphSAGE(in_channels, hidden_channels, out_channels, num_layers, dropout,
-                         sparse_aggregation=sparse_aggregation, fast_dropout=fast_dropout)
+                         sparse_aggregation=sparse_aggregation, fast_dropout=fast_dropout,
+                         fused_aggregation=fused_aggregation)
     # With out_channels given (and no jumping knowledge) PyG's last layer maps straight to the
     # classes, as our GraphSAGE's does: no extra Linear.
     norm_layer, norm_kwargs = _NORMS[norm]

@@ -8,6 +8,8 @@ every layer on every node) is wasted work: on a [25, 10] sample the input has ~4
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import itertools
 from typing import Optional, Sequence
 
@@ -170,11 +172,31 @@ def mean_aggregate(x_src: Tensor, ptr: Tensor, src: Tensor, dst: Optional[Tensor
     return _MeanAggregate.apply(x_src, ptr, src, dst, deg, num_root)
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_imports() -> bool:
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
+def fused_aggregation_runs(x: Tensor) -> bool:
+    """Whether :func:`sage_layer` can aggregate ``x`` with the fused Triton kernels
+    (:func:`pyg_mgpu.nn.fused_mean.gather_mean`): a CUDA tensor, and ``triton`` imports."""
+    return x.is_cuda and _triton_imports()
+
+
 def sage_layer(conv: SAGEConv, x: Tensor, num_dst: int, ptr: Tensor, src: Tensor,
-               dst: Optional[Tensor] = None, deg: Optional[Tensor] = None) -> Tensor:
+               dst: Optional[Tensor] = None, deg: Optional[Tensor] = None, *,
+               fused: bool = False, n_id: Optional[Tensor] = None) -> Tensor:
     """PyG's ``SAGEConv(aggr="mean")`` forward with its own parameters, for destinations
     ``x[:num_dst]``, destination ``i`` fed by the sources ``src[ptr[i]:ptr[i + 1]]`` (rows of
     ``x``); ``dst``, ``deg`` as :func:`mean_aggregate` takes them.
+
+    ``fused``: the means by :func:`pyg_mgpu.nn.fused_mean.gather_mean` (CUDA tensors, see
+    :func:`fused_aggregation_runs`); then ``n_id`` may name the layer's rows in ``x``, which
+    is read through it (the layer's input is ``x[n_id]``, never copied out).
 
     Only for the defaults :class:`GraphSAGE` builds (no ``normalize``, ``project`` or
     ``root_weight=False``); the result equals ``conv((x, x[:num_dst]), edge_index)`` (tested).
@@ -182,7 +204,12 @@ def sage_layer(conv: SAGEConv, x: Tensor, num_dst: int, ptr: Tensor, src: Tensor
     ``lin_l(mean of neighbours) + lin_r(x_dst)`` as one matmul plus one accumulating matmul:
     PyG's version also allocates and adds the two products (a full extra pass over the layer).
     """
-    agg, x_dst = mean_aggregate(x, ptr, src, dst, deg, num_dst)
+    if fused:
+        from pyg_mgpu.nn.fused_mean import gather_mean  # imports triton: only on this path
+        agg, x_dst = gather_mean(x, ptr, src, n_id, num_dst)
+    else:
+        assert n_id is None, "only the fused aggregation reads its rows through n_id"
+        agg, x_dst = mean_aggregate(x, ptr, src, dst, deg, num_dst)
     out = F.linear(agg, conv.lin_l.weight, conv.lin_l.bias)
     # In-place matmul is outside autocast: cast its operands to the output's dtype by hand.
     return out.addmm_(x_dst.to(out.dtype), conv.lin_r.weight.t().to(out.dtype))
@@ -197,11 +224,16 @@ class GraphSAGE(nn.Module):
         out_channels: Number of classes.
         num_layers: Number of layers (equals the number of sampling hops).
         dropout: Dropout probability applied after each hidden layer.
+        sparse_aggregation: Trimmed layers aggregate with :func:`mean_aggregate` (else
+            PyG's ``SAGEConv`` forward).
+        fast_dropout: The fused ReLU and dropout (:func:`relu_dropout`).
+        fused_aggregation: With ``sparse_aggregation``, CUDA inputs aggregate with the fused
+            Triton kernels instead (see :func:`fused_aggregation_runs`); elsewhere ignored.
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int, dropout: float = 0.5, sparse_aggregation: bool = True,
-                 fast_dropout: bool = True):
+                 fast_dropout: bool = True, fused_aggregation: bool = False):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}.")
@@ -210,6 +242,7 @@ class GraphSAGE(nn.Module):
         self.dropout = dropout
         self.sparse_aggregation = sparse_aggregation
         self.fast_dropout = fast_dropout
+        self.fused_aggregation = fused_aggregation
 
     @property
     def num_layers(self) -> int:
@@ -217,11 +250,14 @@ class GraphSAGE(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor,
                 num_sampled_nodes_per_hop: Optional[Sequence[int]] = None,
-                num_sampled_edges_per_hop: Optional[Sequence[int]] = None) -> Tensor:
+                num_sampled_edges_per_hop: Optional[Sequence[int]] = None, *,
+                n_id: Optional[Tensor] = None) -> Tensor:
         """Runs the stack; with per-hop counts it trims every layer to what the next one needs.
 
         The counts take PyG's ``BasicGNN.forward`` keyword names, so the trainer calls this
-        model and PyG's (``--model``) alike.
+        model and PyG's (``--model``) alike. With ``n_id``, ``x`` is a feature table and the
+        batch's features are ``x[n_id]``: the fused aggregation's first layer reads them in
+        place, any other path gathers them first.
 
         Returns:
             Trimmed: logits of the seeds (``num_sampled_nodes_per_hop[0]`` rows). Untrimmed:
@@ -240,12 +276,22 @@ class GraphSAGE(nn.Module):
                 # all lie in the prefix of each layer it is in: one degree per destination
                 # serves all layers' backward passes.
                 deg = dst_ptr.diff()
+        fused = trim and self.sparse_aggregation and self.fused_aggregation and (
+            fused_aggregation_runs(x))
+        if fused:
+            # int32 pointers and sources, converted once for every layer of the batch.
+            dst_ptr, src = dst_ptr.to(torch.int32), edge_index[0].to(torch.int32)
+        elif n_id is not None:
+            x = x.index_select(0, n_id)
         for i, conv in enumerate(self.convs):
             if trim:
                 hops_left = self.num_layers - i  # hops of input this layer still consumes
                 num_dst = nodes_upto[hops_left - 1]
                 num_edges = edges_upto[hops_left - 1]
-                if self.sparse_aggregation:
+                if fused:
+                    x = sage_layer(conv, x, num_dst, dst_ptr[:num_dst + 1], src[:num_edges],
+                                   fused=True, n_id=n_id if i == 0 else None)
+                elif self.sparse_aggregation:
                     x = sage_layer(conv, x, num_dst, dst_ptr[:num_dst + 1],
                                    edge_index[0, :num_edges], edge_index[1, :num_edges], deg)
                 else:

@@ -102,6 +102,9 @@ class TrainConfig:
             if p.feature_cache_gb is not None:
                 ignored.append("--feature-cache-gb caches feature rows on the GPU; these ranks "
                                "run on the CPU and ignore it.")
+            if p.fused_aggregation:
+                ignored.append("--fused-aggregation runs Triton kernels on GPUs; these ranks run "
+                               "on the CPU and aggregate with embedding_bag.")
         return ignored
 
     @property

@@ -273,6 +273,10 @@ class PerformanceSettings:
         "walk's kernel launches and host reads for K batches. Default: 8 where the sampler runs "
         "on the GPU, or on the CPU with --batch-size 64 or less, else 1 (on the CPU larger "
         "batches sample faster one at a time)", type=int, metavar="K")
+    fused_aggregation: bool = setting(
+        False, "GPU ranks: our GraphSAGE takes its neighbour means with fused Triton kernels "
+        "(rows summed per destination, gradients added by atomics, no sort) instead of "
+        "embedding_bag; off until measured faster (needs the triton package)")
     profile: bool = setting(False, "print per-stage times per epoch")
     trace_steps: int = setting(
         0, "rank 0 runs N steps of the last epoch (after 10 warm-up steps) under torch.profiler: "

@@ -63,7 +63,9 @@ def build_ddp(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> Train
         model = build_model(cfg.model.model, graph.num_features, cfg.model.hidden, graph.num_classes,
                             cfg.training.num_layers, cfg.model.dropout, heads=cfg.model.heads, norm=cfg.model.norm,
                             sparse_aggregation=ours,
-                            fast_dropout=ours and not cfg.performance.compile).to(ctx.device)
+                            fast_dropout=ours and not cfg.performance.compile,
+                            fused_aggregation=ours and cfg.performance.fused_aggregation
+                            ).to(ctx.device)
     if cfg.performance.compile:
         model.compile(dynamic=True)  # in place: state_dict keys stay PyG's
     ddp = grad_sync = graphed = None
