@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The GPU floor on the products-sized synthetic graph (2.4M nodes, 62M edges, 100 features,
+# 47 classes, 1.2M training seeds, fanout 15,10,5, batch 1024, hidden 256, one rank), in one
+# call meant to end within 8 minutes on an H200 (GPU_FLOOR_BUDGET_S below stops it):
+#   1. batch_sizes: the training batches' measured sizes (new nodes and sampled edges per hop,
+#      feature bytes gathered), from the loader the CLI builds (python -m
+#      pyg_mgpu.tools.batch_sizes); its first load converts and caches the graph;
+#   2. trace: one epoch with --trace-steps, turned into the table of the top kernels by GPU
+#      time per step, their stage, and the training stream's idle time (python -m
+#      pyg_mgpu.tools.kernel_table);
+#   3. A/B runs of 2 epochs each, the same graph and seed: strict fp32 (--matmul-precision
+#      highest, the baseline), TF32 (--matmul-precision high), --amp bf16, --cuda-graph, and
+#      --fused-aggregation where the CLI has it (a flag the CLI does not know is skipped).
+# Everything lands in $OUT (default runs/gpu-floor): gpu_floor.md (Markdown for
+# docs/benchmarks.md, rewritten after every step, so a cut-off call keeps what ran), each
+# step's log, the A/B runs' metrics.json and history.csv, the trace's kernels.csv. Run
+# folders and trace.json stay in $GPU_FLOOR_WORK (default /tmp/gpu-floor-work).
+#
+#   bash benchmarks/gpu_floor.sh                   # on the GPU machine
+#   GPU_FLOOR_TINY=1 bash benchmarks/gpu_floor.sh  # the same steps on a tiny graph on one CPU
+#                                                  # rank (3 minutes on 2 cores): a dry run
+#
+# Overrides: OUT, PYTHON (default python3), GPU_FLOOR_DEVICES (default cuda:0),
+# GPU_FLOOR_EPOCHS (A/B epochs, default 2), GPU_FLOOR_TRACE_STEPS (default 20),
+# GPU_FLOOR_RUN_S (each run's time limit, default 150), GPU_FLOOR_BUDGET_S (the whole call's:
+# a step that would start with less than 30 s of it left is skipped; default 450),
+# GPU_FLOOR_RUNS ("name ..." of the A/B runs to run; default all), GPU_FLOOR_COMMIT (the
+# commit measured, for a copy of the tree without its git history).
+# A failed, timed-out or skipped step is recorded and the next one runs; the script exits 0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+OUT=${OUT:-runs/gpu-floor}
+WORK=${GPU_FLOOR_WORK:-/tmp/gpu-floor-work}
+EPOCHS=${GPU_FLOOR_EPOCHS:-2}
+RUN_S=${GPU_FLOOR_RUN_S:-150}
+BUDGET_S=${GPU_FLOOR_BUDGET_S:-450}
+TRACE_STEPS=${GPU_FLOOR_TRACE_STEPS:-20}
+if [ "${GPU_FLOOR_TINY:-0}" = 1 ]; then
+  GRAPH=(--num-nodes 3000 --num-edges 30000 --num-features 8 --num-classes 4 --hidden 16
+         --batch-size 64 --fanout 5,3 --devices cpu --nprocs 1)
+  TRACE_STEPS=${GPU_FLOOR_TRACE_STEPS:-3}
+else
+  GRAPH=(--num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47
+         --hidden 256 --batch-size 1024 --fanout 15,10,5 --devices "${GPU_FLOOR_DEVICES:-cuda:0}")
+fi
+mkdir -p "$OUT" "$WORK"
+OUT=$(cd "$OUT" && pwd)
+STEPS="$OUT/steps.tsv"
+: > "$STEPS"
+START=$SECONDS
+# Whatever this script started ends with it: its own signals reach the running step.
+CHILD=""
+trap 'if [ -n "$CHILD" ]; then kill -TERM "$CHILD" 2>/dev/null || true; wait "$CHILD" || true; fi; exit 130' INT TERM HUP
+
+report() {  # gpu_floor.md from what has run so far
+  "$PY" benchmarks/gpu_floor.py "$OUT" "${GRAPH[*]}" || echo "   (report failed)"
+}
+
+# step NAME LIMIT_S COMMAND...: runs it under `timeout` (TERM, then KILL 30 s later; the CLI's
+# ranks checkpoint and exit on TERM), logs to OUT/NAME.log, records exit code and seconds.
+step() {
+  local name=$1 limit=$2 rc=0; shift 2
+  local left=$((BUDGET_S - (SECONDS - START)))
+  if [ "$left" -lt 30 ]; then
+    echo "[gpu_floor] $name: skipped, ${left} s of the ${BUDGET_S} s budget left"
+    printf '%s\tskipped\t0\t%s\n' "$name" "${FLAGS:-}" >> "$STEPS"
+    report
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "[gpu_floor] $name (limit ${limit} s, $((SECONDS - START)) s in): $*"
+  local begin=$SECONDS
+  timeout --kill-after=30 "$limit" "$@" > "$OUT/$name.log" 2>&1 &
+  CHILD=$!
+  wait "$CHILD" || rc=$?
+  CHILD=""
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - begin))" "${FLAGS:-}" >> "$STEPS"
+  echo "[gpu_floor] $name: exit $rc after $((SECONDS - begin)) s; $(tail -n 1 "$OUT/$name.log")"
+  report
+}
+
+CLI_HELP=$("$PY" -m pyg_mgpu.distributed_sampling --help 2>/dev/null || true)
+cli_knows() {  # cli_knows --flag: whether the training CLI has the flag
+  grep -qE -- "(^|[[:space:],])$1([[:space:],=]|$)" <<< "$CLI_HELP"
+}
+
+# ab NAME FLAGS...: one A/B run of EPOCHS epochs (validation once, after the last)
+ab() {
+  local name=$1; shift
+  if [ -n "${GPU_FLOOR_RUNS:-}" ] && [[ " $GPU_FLOOR_RUNS " != *" $name "* ]]; then return 0; fi
+  local flag
+  for flag in "$@"; do
+    if [[ "$flag" == --* ]] && ! cli_knows "$flag"; then
+      echo "[gpu_floor] $name: skipped, the CLI has no $flag"
+      printf '%s\tno %s\t0\t%s\n' "$name" "$flag" "$*" >> "$STEPS"
+      report
+      return 0
+    fi
+  done
+  FLAGS="$*" step "$name" "$RUN_S" "$PY" -m pyg_mgpu.distributed_sampling "${GRAPH[@]}" \
+    --epochs "$EPOCHS" --eval-every "$EPOCHS" --out "$WORK/$name" --overwrite "$@"
+  mkdir -p "$OUT/$name"
+  cp "$WORK/$name/metrics.json" "$WORK/$name/history.csv" "$OUT/$name/" 2>/dev/null || true
+  report
+}
+
+echo "[gpu_floor] output in $OUT, run folders in $WORK, budget ${BUDGET_S} s"
+{
+  "$PY" -c 'import torch, torch_geometric as g
+print("torch", torch.__version__, "| CUDA", torch.version.cuda, "|",
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+      "| torch_geometric", g.__version__)' || true
+  if [ -n "${GPU_FLOOR_COMMIT:-}" ]; then echo "commit $GPU_FLOOR_COMMIT"
+  else git log -1 --format='commit %h (%cs)' 2>/dev/null || echo "commit unknown"; fi
+  date -u +'measured %Y-%m-%d %H:%M UTC'
+} > "$OUT/env.txt" 2>&1
+
+step batch_sizes 240 "$PY" -m pyg_mgpu.tools.batch_sizes "${GRAPH[@]}" --batches 16 \
+  --json "$OUT/batch_sizes.json"
+
+step trace "$RUN_S" "$PY" -m pyg_mgpu.distributed_sampling "${GRAPH[@]}" --epochs 1 \
+  --trace-steps "$TRACE_STEPS" --out "$WORK/trace" --overwrite
+mkdir -p "$OUT/trace"
+cp "$WORK/trace/kernels.csv" "$WORK/trace/metrics.json" "$OUT/trace/" 2>/dev/null || true
+step kernel_table 120 "$PY" -m pyg_mgpu.tools.kernel_table "$WORK/trace" --top 25 \
+  --out "$OUT/kernels.md"
+
+ab fp32 --matmul-precision highest
+ab tf32 --matmul-precision high
+ab bf16 --amp bf16
+ab cuda_graph --cuda-graph
+ab fused --fused-aggregation
+
+echo "[gpu_floor] done in $((SECONDS - START)) s: $OUT/gpu_floor.md"
+cat "$OUT/gpu_floor.md" 2>/dev/null || true

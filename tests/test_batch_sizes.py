@@ -1,0 +1,49 @@
+"""Measured batch sizes: per hop the new nodes and sampled edges, and the feature bytes a
+batch gathers, from the loader the CLI builds."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pyg_mgpu.tools.batch_sizes import batch_sizes, format_sizes, main, measure_batches
+from pyg_mgpu.train.config import TrainConfig
+
+SMALL = dict(num_nodes=1500, num_edges=15000, num_features=8, num_classes=4, fanout="5,3",
+             batch_size=64, devices="cpu")
+
+
+def fake_batch(nodes, edges, features=3):
+    return SimpleNamespace(num_sampled_nodes=nodes, num_sampled_edges=edges,
+                           x=torch.zeros(sum(nodes), features))
+
+
+def test_means_over_the_batches_drawn():
+    loader = [fake_batch([4, 10, 20], [12, 30]), fake_batch([4, 6, 10], [8, 20]),
+              fake_batch([4, 1, 1], [1, 1])]  # past the batches asked for
+    result = measure_batches(loader, batches=2)
+    assert result["batches"] == 2
+    assert result["nodes_per_hop"] == [4, 8, 15] and result["edges_per_hop"] == [10, 25]
+    assert (result["nodes"], result["edges"]) == (27, 35)
+    assert result["feature_bytes"] == 27 * 3 * 4 and result["feature_row_bytes"] == 12
+    with pytest.raises(ValueError, match="no batch"):
+        measure_batches([], batches=2)
+
+
+@pytest.mark.parametrize("amp, row_bytes", [("none", 8 * 4), ("bf16", 8 * 2)])
+def test_the_clis_loader_is_measured(amp, row_bytes):
+    result = batch_sizes(TrainConfig.from_flags(**SMALL, amp=amp), batches=3)
+    assert result["batches"] == 3 and result["plan"]["graph_on"] == "cpu"
+    seeds, hop1, hop2 = result["nodes_per_hop"]
+    assert 0 < seeds <= 64 and hop1 > 0 and hop2 > 0
+    # Each frontier node draws at most its hop's fanout.
+    assert 0 < result["edges_per_hop"][0] <= 5 * seeds
+    assert 0 < result["edges_per_hop"][1] <= 3 * hop1
+    assert result["feature_row_bytes"] == row_bytes
+    assert result["feature_bytes"] == pytest.approx(result["nodes"] * row_bytes)
+    text = format_sizes(result)
+    assert "| 0 (seeds) |" in text and "| 2 |" in text and "bytes per node" in text
+
+
+def test_the_command_refuses_no_batches(capsys):
+    assert main(["--batches", "0"]) == 2
+    assert "--batches must be a positive number" in capsys.readouterr().err
