@@ -73,14 +73,16 @@ def test_a_settled_hop_is_the_hop_numbered_at_once(batched):
 
 
 def test_batch_counts_count_the_pending_hop_by_batch():
-    # Two batches, one hop: seeds of batches 0, 1, 1; the hop's neighbours 9 (twice), 4, 8,
-    # new at positions 0, 2 and 3, of batches 1, 0 and 1; edges into local nodes 0, 1, 2, 2.
+    # Two batches, one hop: seeds of batches 0, 1, 1; the hop's neighbours 4, 9 (twice), 8,
+    # batch by batch as a walk draws them, new at positions 0, 1 and 3, of batches 0, 1 and 1;
+    # edges into local nodes 0, 1, 2, 2.
     counts = BatchCounts(num_batches=2, num_hops=1)
     node, edge = "n", ("n", "to", "n")
-    pending = {node: PendingHop(nbr=torch.tensor([9, 9, 4, 8]),
-                                trees=torch.tensor([1, 1, 0, 1]),
-                                first=torch.tensor([True, False, True, True]))}
-    values = counts.request({node: torch.tensor([0, 1, 1])}, pending,
-                            {edge: torch.tensor([0, 1, 2, 2])}, {node: [3]}, {edge: [4]})
+    pending = {node: PendingHop(nbr=torch.tensor([4, 9, 9, 8]),
+                                trees=torch.tensor([0, 1, 1, 1]),
+                                first=torch.tensor([True, True, False, True]))}
+    counts.receive(host_ints(counts.request({node: torch.tensor([0, 1, 1])}, pending,
+                                            {edge: torch.tensor([0, 1, 2, 2])}, {node: [3]},
+                                            {edge: [4]})))
     # Per batch its seeds and new nodes, then per batch its edges.
-    assert values.tolist() == [1, 1, 2, 2, 1, 3]
+    assert counts.values == [1, 1, 2, 2, 1, 3]

@@ -23,32 +23,58 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import SamplerOutput
 
-from pyg_mgpu.gpu_path import host_ints, iota, takes_gpu_path, to_device
+from pyg_mgpu.gpu_path import host_ints, iota, to_device
 from pyg_mgpu.sampling.walk_state import PendingHop
-
-
-def _counts(key: Tensor, size: int) -> Tensor:
-    """How often each of ``0 .. size - 1`` occurs in ``key``. (CUDA's ``bincount`` reads the
-    largest key back to the host; adding ones into ``size`` zeros does not.)"""
-    if not takes_gpu_path(key):
-        return torch.bincount(key, minlength=size)
-    return torch.zeros(size, dtype=torch.long, device=key.device).index_add_(
-        0, key, torch.ones_like(key, dtype=torch.long))
 
 
 def _keys(batch: Tensor, hop_sizes: list[int], levels: int) -> Tensor:
     """``batch * levels + hop`` for positions laid out hop by hop in runs of ``hop_sizes``
-    (``batch``: each position's batch): one key per (batch, hop), in ``batch``'s type."""
-    hop = torch.repeat_interleave(iota(len(hop_sizes), batch.device, batch.dtype),
-                                  to_device(hop_sizes, batch.device), output_size=batch.numel())
-    return batch * levels + hop
+    (``batch``: each position's batch): one key per (batch, hop), in ``batch``'s type.
+
+    Each hop's run gets its hop added in place, one thread per position: the run lengths
+    are host numbers. (Repeating hop ids by run length would give each run one CUDA warp,
+    and a run is up to millions of positions.)"""
+    key = batch * levels
+    start = 0
+    for hop, size in enumerate(hop_sizes):
+        if hop and size:
+            key[start:start + size].add_(hop)
+        start += size
+    assert start == key.numel(), "the hop sizes do not add up to the positions"
+    return key
+
+
+def _ends(ordered: Tensor, size: int, out: Tensor) -> Tensor:
+    """Where the run of each value ``0 .. size - 1`` ends in ``ordered`` (nondecreasing,
+    values in that range), written to ``out`` (int64, ``size`` entries): one binary search
+    per value, where counting by adding ones into ``size`` bins would make every position
+    an atomic add into the same few addresses. :func:`_run_lengths` turns the ends, read to
+    the host, into counts."""
+    values = iota(size, ordered.device, ordered.dtype)
+    return torch.searchsorted(ordered, values, right=True, out=out)
+
+
+def _run_lengths(ends: list[int]) -> list[int]:
+    """The lengths of consecutive runs that end at ``ends`` (the first starts at 0)."""
+    return [end - start for start, end in zip([0, *ends], ends)]
+
+
+def _hop_slices(tensor: Tensor, hop_sizes: list[int]) -> list[Tensor]:
+    """``tensor``'s runs of ``hop_sizes`` (views)."""
+    return list(tensor.split(hop_sizes)) if hop_sizes else []
 
 
 class BatchCounts:
     """Every batch's per-hop node and edge counts of a joint walk over several batches, read
     with the walk's last read (``walk(..., last_read=)``) instead of after it: the walk's
     last hop's new nodes are then still marked in place (``pending``), and counted by batch
-    here. :attr:`values` holds the counts once read, as :func:`split_batches` takes them."""
+    here. :attr:`values` holds the counts once read, as :func:`split_batches` takes them.
+
+    Within each hop the walk's positions come batch by batch, in batch order: the seeds do,
+    and each hop draws grouped by destination in its frontier's order (:mod:`.draws`),
+    which carries the order on (a hop's new nodes keep their draws' order). So each hop's
+    batches are nondecreasing, and a batch's count in a hop is where its run ends there
+    (:func:`_ends`): no sort and no atomics."""
 
     def __init__(self, num_batches: int, num_hops: int):
         self.num_batches, self.num_hops = num_batches, num_hops
@@ -56,19 +82,41 @@ class BatchCounts:
 
     def request(self, trees: dict, pending: dict[object, PendingHop], cols: dict,
                 num_sampled_nodes: dict, num_sampled_edges: dict) -> Tensor:
-        """Every batch's per-hop node counts, then edge counts, as one tensor to read: the
-        counted nodes' from ``trees`` (each node's batch) and ``num_sampled_nodes``, the last
-        hop's from ``pending`` (its new nodes' first positions), the edges' from ``cols``
-        (each edge's destination) and ``num_sampled_edges``. One node and one edge type."""
+        """The tensor to read, for :meth:`receive`: every hop's ends of each batch's run,
+        the nodes' hops then the edges'. The counted nodes' from ``trees`` (each node's
+        batch) and ``num_sampled_nodes``, the last hop's from ``pending`` (its new nodes'
+        first positions), the edges' from ``cols`` (each edge's destination) and
+        ``num_sampled_edges``. One node and one edge type."""
         (tree,), (col,) = trees.values(), cols.values()
         (last_hop,) = pending.values()
         (settled,), (edge_sizes,) = num_sampled_nodes.values(), num_sampled_edges.values()
-        levels = self.num_hops + 1
-        node_counts = _counts(_keys(tree, settled, levels), self.num_batches * levels)
-        node_counts.index_add_(0, last_hop.trees * levels + (levels - 1),
-                               last_hop.first.long())
-        edge_key = _keys(tree.index_select(0, col), edge_sizes, self.num_hops)
-        return torch.cat([node_counts, _counts(edge_key, self.num_batches * self.num_hops)])
+        num_batches = self.num_batches
+        ends = torch.empty((self.num_hops + 1 + len(edge_sizes)) * num_batches,
+                           dtype=torch.long, device=tree.device)
+        if num_batches == 0:
+            return ends
+        out = ends.split(num_batches)
+        for hop, part in enumerate(_hop_slices(tree, settled)):
+            _ends(part, num_batches, out[hop])
+        # The last hop's new nodes: how many come before each batch's run ends there.
+        new_before = torch.zeros(last_hop.first.numel() + 1, dtype=torch.long,
+                                 device=tree.device)
+        torch.cumsum(last_hop.first, 0, dtype=torch.long, out=new_before[1:])
+        run_ends = _ends(last_hop.trees, num_batches,
+                         torch.empty(num_batches, dtype=torch.long, device=tree.device))
+        torch.index_select(new_before, 0, run_ends, out=out[len(settled)])
+        edge_batch = tree.index_select(0, col)
+        for hop, part in enumerate(_hop_slices(edge_batch, edge_sizes)):
+            _ends(part, num_batches, out[len(settled) + 1 + hop])
+        return ends
+
+    def receive(self, ends: list[int]) -> None:
+        """:attr:`values` from the read of :meth:`request`'s tensor."""
+        b = self.num_batches
+        runs = [_run_lengths(ends[i:i + b]) for i in range(0, len(ends), b)] if b else []
+        nodes, edges = runs[:self.num_hops + 1], runs[self.num_hops + 1:]
+        self.values = ([hop[i] for i in range(b) for hop in nodes] +
+                       [hop[i] for i in range(b) for hop in edges])
 
 
 def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Tensor,
@@ -95,12 +143,17 @@ def split_batches(node: Tensor, tree: Tensor, row: Tensor, col: Tensor, edge: Te
     node_batch = tree_batch.index_select(0, tree)
     node_key = _keys(node_batch, num_sampled_nodes, levels)
     # Stable: within a batch and a hop the walk's order (first appearance) is kept.
-    order = torch.sort(node_key, stable=True).indices
+    node_sorted, order = torch.sort(node_key, stable=True)
     edge_key = _keys(node_batch.index_select(0, col), num_sampled_edges, num_hops)
-    edge_order = torch.sort(edge_key, stable=True).indices
-    if counts is None:  # every batch's per-hop counts, in one read
-        counts = host_ints(torch.cat([_counts(node_key, num_batches * levels),
-                                      _counts(edge_key, num_batches * num_hops)]))
+    edge_sorted, edge_order = torch.sort(edge_key, stable=True)
+    if counts is None:  # every batch's per-hop counts from the sorted keys, in one read
+        ends = torch.empty(num_batches * (levels + num_hops), dtype=torch.long, device=device)
+        node_ends, edge_ends = ends.split([num_batches * levels, num_batches * num_hops])
+        _ends(node_sorted, num_batches * levels, node_ends)
+        _ends(edge_sorted, num_batches * num_hops, edge_ends)
+        ends = host_ints(ends)
+        counts = (_run_lengths(ends[:num_batches * levels]) +
+                  _run_lengths(ends[num_batches * levels:]))
     node_counts = [counts[b * levels:(b + 1) * levels] for b in range(num_batches)]
     edge_counts = counts[num_batches * levels:]
     edge_counts = [edge_counts[b * num_hops:(b + 1) * num_hops] for b in range(num_batches)]

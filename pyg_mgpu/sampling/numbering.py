@@ -72,6 +72,10 @@ def _claim(base: int, nbr: Tensor, lookup: Tensor) -> tuple[Tensor, Tensor]:
                            f"{lookup.numel():,}-node graph overflow the lookup's "
                            f"{lookup.dtype}; sample smaller batches.")
     offer = torch.arange(base, base + nbr.numel(), dtype=lookup.dtype, device=nbr.device)
+    # Atomic minima, not a sort: a GPU serialises only the offers to one entry (a node that
+    # many positions reach), while a sort-based first occurrence (sort, run starts, scatter
+    # back) takes several passes over the whole frontier, the widest of which holds millions
+    # of 64-bit keys, and more kernels per hop for the same positions.
     lookup.scatter_reduce_(0, nbr, offer, reduce="amin")
     return lookup.index_select(0, nbr), offer
 

@@ -56,8 +56,8 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
         last_read: On the GPU's path, sizes the caller wants read with the walk's last read
             (``request(trees, pending, cols, num_sampled_nodes, num_sampled_edges)`` gives
             them as a tensor, before the last hop's new nodes are counted: ``pending`` holds
-            a :class:`~.walk_state.PendingHop` per node type; their values land in its
-            ``values``): :class:`~.batches.BatchCounts`.
+            a :class:`~.walk_state.PendingHop` per node type; ``receive`` takes their
+            values): :class:`~.batches.BatchCounts`.
         first_hop: Per edge type, its first hop's plan and sizes, made by the caller
             (``(plan or None, num_edges, num_drawing)``: :func:`plan_on_host`); the hop then
             reads nothing from the device.
@@ -164,7 +164,7 @@ def draw(state: WalkState, plans: dict, sizes: dict, *, replace: bool,
 
 def read_last(state: WalkState, last_read) -> list[int]:
     """The last hop's new-node counts (for :meth:`~.walk_state.WalkState.settle`), read with
-    what ``last_read`` requests, whose values land in its ``values``: the walk's last read.
+    what ``last_read`` requests, whose values its ``receive`` takes: the walk's last read.
     Nothing to read when no hop is pending."""
     if not state.pending:
         return []
@@ -175,7 +175,7 @@ def read_last(state: WalkState, last_read) -> list[int]:
         state.num_sampled_nodes, state.num_sampled_edges)]
     values = host_ints(torch.cat(counts + extra))
     if last_read is not None:
-        last_read.values = values[len(counts):]
+        last_read.receive(values[len(counts):])
     return values[:len(counts)]
 
 
