@@ -65,6 +65,33 @@ class ShardedLoaders:
     loader_kwargs: dict
     eval_loader_kwargs: dict
 
+    # The loaders Lightning asks for; "full" is PyG's own (one device). ``_split_loader``:
+    # the node or link class's loader over a split's seeds.
+    def train_dataloader(self) -> DataLoader:
+        """This rank's training loader: its share of each epoch's seeds, reshuffled by
+        ``set_epoch``."""
+        if self.loader == "full":
+            return super().train_dataloader()
+        return self._split_loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """This rank's slice of the validation seeds, in order."""
+        if self.loader == "full":
+            return super().val_dataloader()
+        return self._split_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        """This rank's slice of the test seeds, in order."""
+        if self.loader == "full":
+            return super().test_dataloader()
+        return self._split_loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """This rank's slice of the prediction seeds, in order."""
+        if self.loader == "full":
+            return super().predict_dataloader()
+        return self._split_loader("pred")
+
     def _init_module(self, pyg_init, data, loader: str, graph_sampler: Optional[BaseSampler],
                      seed: Optional[int], kwargs: dict, **arguments) -> None:
         """PyG's constructor (``pyg_init``) on ``arguments``, with a :class:`PerRankSampler`
@@ -172,7 +199,7 @@ class LightningNodeData(ShardedLoaders, PyGLightningNodeData):
             input_pred_nodes=input_pred_nodes, input_pred_time=input_pred_time,
             eval_loader_kwargs=eval_loader_kwargs)
 
-    def _nodes_loader(self, split: str, train: bool = False) -> DataLoader:
+    def _split_loader(self, split: str, train: bool = False) -> DataLoader:
         nodes, time = getattr(self, f"input_{split}_nodes"), getattr(self, f"input_{split}_time")
         sampler = self.graph_sampler if train else self.eval_graph_sampler
 
@@ -182,31 +209,6 @@ class LightningNodeData(ShardedLoaders, PyGLightningNodeData):
         return self._sharded(make, lambda: get_input_nodes(self.data, nodes)[1].numel(),
                              self.loader_kwargs if train else self.eval_loader_kwargs,
                              train=train, sampler=sampler)
-
-    def train_dataloader(self) -> DataLoader:
-        """This rank's training loader: its share of each epoch's seeds, reshuffled by
-        ``set_epoch``."""
-        if self.loader == "full":
-            return super().train_dataloader()
-        return self._nodes_loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        """This rank's slice of the validation seeds, in order."""
-        if self.loader == "full":
-            return super().val_dataloader()
-        return self._nodes_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        """This rank's slice of the test seeds, in order."""
-        if self.loader == "full":
-            return super().test_dataloader()
-        return self._nodes_loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        """This rank's slice of the prediction seeds, in order."""
-        if self.loader == "full":
-            return super().predict_dataloader()
-        return self._nodes_loader("pred")
 
 
 class LightningLinkData(ShardedLoaders, PyGLightningLinkData):
@@ -254,7 +256,7 @@ class LightningLinkData(ShardedLoaders, PyGLightningLinkData):
             input_pred_labels=input_pred_labels, input_pred_time=input_pred_time,
             eval_loader_kwargs=eval_loader_kwargs)
 
-    def _edges_loader(self, split: str, train: bool = False) -> DataLoader:
+    def _split_loader(self, split: str, train: bool = False) -> DataLoader:
         edges = getattr(self, f"input_{split}_edges")
         labels = getattr(self, f"input_{split}_labels")
         time = getattr(self, f"input_{split}_time")
@@ -270,31 +272,6 @@ class LightningLinkData(ShardedLoaders, PyGLightningLinkData):
         return self._sharded(make, lambda: get_edge_label_index(self.data, edges)[1].size(1),
                              self.loader_kwargs if train else self.eval_loader_kwargs,
                              train=train, sampler=sampler)
-
-    def train_dataloader(self) -> DataLoader:
-        """This rank's training loader: its share of each epoch's seeds, reshuffled by
-        ``set_epoch``."""
-        if self.loader == "full":
-            return super().train_dataloader()
-        return self._edges_loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        """This rank's slice of the validation seeds, in order."""
-        if self.loader == "full":
-            return super().val_dataloader()
-        return self._edges_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        """This rank's slice of the test seeds, in order."""
-        if self.loader == "full":
-            return super().test_dataloader()
-        return self._edges_loader("test")
-
-    def predict_dataloader(self) -> DataLoader:
-        """This rank's slice of the prediction seeds, in order."""
-        if self.loader == "full":
-            return super().predict_dataloader()
-        return self._edges_loader("pred")
 
 
 def prepare_graph(data, kwargs: dict) -> None:
