@@ -117,8 +117,8 @@ def iota(size: int, device: torch.device, dtype: torch.dtype = torch.long) -> Te
             kept = _IOTA.get((device, dtype))  # another thread may have grown it
             if kept is None or kept.numel() < size:
                 # Made inside a capture, it would be written only when the graph replays.
-                assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), \
-                    "iota grew inside a CUDA graph capture: warm up at the captured sizes first"
+                assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), (
+                    "iota grew inside a CUDA graph capture: warm up at the captured sizes first")
                 if kept is not None:
                     _IOTA_OUTGROWN.append(kept)
                 kept = torch.arange(max(size, 2 * (0 if kept is None else kept.numel()), 1024),

@@ -27,7 +27,7 @@ def record(epoch, val_acc):
 
 
 def test_epochs_results_and_config_read_back(tmp_path):
-    board = TensorBoardLog.open(tmp_path, {"lr": 0.01, "fanout": [5, 5]}, is_main=True)
+    board = TensorBoardLog.for_run(tmp_path, {"lr": 0.01, "fanout": [5, 5]}, is_main=True)
     board.epoch(record(1, None), seeds=1000)  # an epoch that did not validate
     board.epoch(record(2, 0.5), seeds=1000)
     assert board.finish({"test_acc": 0.625}, best_epoch=2) == {"written": True, "folder": FOLDER}
@@ -43,7 +43,7 @@ def test_epochs_results_and_config_read_back(tmp_path):
 
 
 def test_other_ranks_write_nothing(tmp_path):
-    board = TensorBoardLog.open(tmp_path, {}, is_main=False)
+    board = TensorBoardLog.for_run(tmp_path, {}, is_main=False)
     board.epoch(record(1, 0.5), seeds=10)
     assert board.finish({"test_acc": 0.5}, best_epoch=1) is None
     assert not (tmp_path / FOLDER).exists()
@@ -51,7 +51,7 @@ def test_other_ranks_write_nothing(tmp_path):
 
 def test_without_tensorboard_the_run_goes_on_and_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
-    board = TensorBoardLog.open(tmp_path, {}, is_main=True)
+    board = TensorBoardLog.for_run(tmp_path, {}, is_main=True)
     board.epoch(record(1, 0.5), seeds=10)
     status = board.finish({"test_acc": 0.5}, best_epoch=1)
     assert status["written"] is False and "pip install tensorboard" in status["reason"]

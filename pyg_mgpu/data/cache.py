@@ -177,7 +177,7 @@ def place(graph: ConvertedGraph, placement: str, shm_dir: str = "/dev/shm") -> C
 
 def _mapped_store(name: str, num_classes: int, files: dict[str, MappedFile]) -> ConvertedGraph:
     graph = ConvertedGraph(name=name, num_classes=num_classes,
-                       **{k: f.open() for k, f in files.items()})
+                       **{k: f.map() for k, f in files.items()})
     graph.mapped = files
     return graph
 

@@ -82,7 +82,7 @@ class ConvertedGraph(TrainingGraph):
 
     def __setstate__(self, state: dict) -> None:
         for name, mapped in state["mapped"].items():
-            state[name] = mapped.open()
+            state[name] = mapped.map()
         self.__dict__.update(state)
 
     @property

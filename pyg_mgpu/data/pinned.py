@@ -80,8 +80,8 @@ def device_view(tensor: Tensor, device: torch.device, runtime: Any = None) -> Te
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError(f"device_view needs a contiguous CPU tensor, got one on "
                          f"{tensor.device} (contiguous: {tensor.is_contiguous()}).")
-    carried = tensor if tensor.dtype in _TYPESTR else \
-        tensor.view(_CARRIER[tensor.element_size()])
+    carried = (tensor if tensor.dtype in _TYPESTR
+               else tensor.view(_CARRIER[tensor.element_size()]))
     with torch.cuda.device(device):  # registered, and then seen, from this rank's GPU
         register_host_memory(carried, runtime)
         view = torch.as_tensor(_Mapped(carried), device=device)

@@ -44,7 +44,7 @@ class MappedFile:
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
-    def open(self) -> Tensor:
+    def map(self) -> Tensor:
         """Maps the file copy-on-write: nothing is read until touched, and every process
         mapping it shares the page cache's pages. The tensor goes to another process (a
         spawned rank or DataLoader worker) as this file, which the receiver maps again."""
@@ -83,7 +83,7 @@ class MappedTensor(Tensor):
 
 
 def _reduce_mapped_tensor(tensor: MappedTensor):
-    return MappedFile.open, (tensor.mapped_file,)
+    return MappedFile.map, (tensor.mapped_file,)
 
 
 # Multiprocessing's pickler only (DataLoader workers, spawned ranks).

@@ -15,8 +15,8 @@ from torch import Tensor
 from torch_geometric.data import HeteroData
 
 PAPER, AUTHOR = "paper", "author"
-CITES, WRITES, REV_WRITES = (PAPER, "cites", PAPER), (AUTHOR, "writes", PAPER), \
-    (PAPER, "rev_writes", AUTHOR)
+CITES, WRITES, REV_WRITES = ((PAPER, "cites", PAPER), (AUTHOR, "writes", PAPER),
+                              (PAPER, "rev_writes", AUTHOR))
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,8 @@ def resolve_devices(devices: str, nprocs: int | None, backend: str = "auto", *,
     if spec == "cpu":
         resolve_backend(backend, torch.device("cpu"))  # nccl: say why not
         ranks = nprocs or 2
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else os.cpu_count() or 1
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
         if max_per_core is not None and ranks > max_per_core * cores:
             raise ArgumentError(
                 f"{{nprocs={ranks}}}: more than {max_per_core} CPU ranks per core ({cores} "

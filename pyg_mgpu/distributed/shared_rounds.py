@@ -112,8 +112,8 @@ class SharedRounds:
         namespace = _pid_namespace()
         for rank in range(self.world_size):
             pid, its_namespace = (int(v) for v in self._processes[rank])
-            if self._rounds[rank] >= round_ or not pid or not namespace or \
-                    its_namespace != namespace:
+            if (self._rounds[rank] >= round_ or not pid or not namespace
+                    or its_namespace != namespace):
                 continue  # arrived, not started, or its pid means nothing here
             if not _running(pid):
                 raise RuntimeError(f"rank {self.rank} waited for rank {rank} (pid {pid}) to "

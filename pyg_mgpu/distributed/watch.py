@@ -142,8 +142,8 @@ def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
         print(f"pyg_mgpu: every rank finished its work; then, while exiting, {endings}",
               file=sys.stderr, flush=True)
         return
-    during = f" (while stopping on {stop.signal_name(launcher_signal)})" \
-        if launcher_signal else ""
+    during = (f" (while stopping on {stop.signal_name(launcher_signal)})"
+              if launcher_signal else "")
     # Ended by the very signal the launcher forwarded: stopped, not failed (see stopped_by).
     killed = [i for i in outcome.killed_by_signal if i not in reports
               and outcome.exit_codes[i] != stopped_by(launcher_signal)]

@@ -159,5 +159,5 @@ class Plan:
         """The node types whose ``embeddings`` are written."""
         if self.embeddings is None:
             return []
-        return [self.target] if self.nodes is not None else \
-            self.stack.outputs(self.embeddings - 1)
+        return ([self.target] if self.nodes is not None
+                else self.stack.outputs(self.embeddings - 1))

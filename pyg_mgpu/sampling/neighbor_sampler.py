@@ -148,8 +148,8 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
             self.node_time = (self.graph.node_time or {}).get(NODE)
             self.edge_time = (self.graph.edge_time or {}).get(EDGE)
             self.csc = self.graph.csc[EDGE]
-            self.colptr, self.row, self.perm = self.csc.colptr, self.graph.row[EDGE], \
-                self.graph.perm[EDGE]
+            self.colptr, self.row, self.perm = (self.csc.colptr, self.graph.row[EDGE],
+                                                self.graph.perm[EDGE])
             self.weights = self.graph.weights[EDGE]
             self.index_dtype, self.edge_dtype = output_dtypes(
                 data, self.data_type == DataType.homogeneous, self.csc.num_edges)

@@ -187,8 +187,8 @@ def plan_on_host(host_colptr: Tensor, seed: Tensor, fanout: int, *rows: Tensor,
     ``device`` and ``plan`` is ``walk``'s ``first_hop`` entry. The host knows the hop's sizes
     without waiting for the GPU."""
     with host_work():
-        plan = plan_hop(host_colptr, seed, fanout, replace=replace) \
-            if fanout != 0 and seed.numel() else None
+        plan = (plan_hop(host_colptr, seed, fanout, replace=replace)
+                if fanout != 0 and seed.numel() else None)
         parts = [seed, *rows]
         if plan is not None:
             num_edges, num_drawing = plan.sizes.tolist()

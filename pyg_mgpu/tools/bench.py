@@ -377,8 +377,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.sampler_only:
         results = run_sampler_bench(args)
         for key, value in results.items():
-            shown = f"{value / 1e6:.2f}M edges/s" if isinstance(value, float) and \
-                "_vs_" not in key else value
+            shown = (f"{value / 1e6:.2f}M edges/s"
+                     if isinstance(value, float) and "_vs_" not in key else value)
             print(f"{key:28s} {shown}")
     else:
         results = run_training_bench(args, out)

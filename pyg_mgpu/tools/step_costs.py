@@ -67,8 +67,8 @@ def is_host_sync(name: str, args: tuple, kwargs: dict) -> bool:
     if name in _SYNC_OPS:
         return True
     if name == "aten::repeat_interleave":  # the output size is the repeats' sum
-        return (len(args) < 2 or isinstance(args[1], torch.Tensor)) and \
-            kwargs.get("output_size", args[2] if len(args) > 2 else None) is None
+        return ((len(args) < 2 or isinstance(args[1], torch.Tensor))
+                and kwargs.get("output_size", args[2] if len(args) > 2 else None) is None)
     if name in ("aten::index", "aten::index_put", "aten::index_put_"):  # boolean masks
         return any(t.dtype == torch.bool for t in _tensors(args[1:2]))
     return False

@@ -65,8 +65,8 @@ def run(cfg: TrainConfig) -> Path:
     resolve_sampler(cfg.training.sampler)
     check_resume_names_a_folder(cfg.faults.resume)
     if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
-        cfg.faults.resume = cfg.outputs.out if (Path(cfg.outputs.out) / CHECKPOINT).is_file() \
-            else None
+        restarted = (Path(cfg.outputs.out) / CHECKPOINT).is_file()
+        cfg.faults.resume = cfg.outputs.out if restarted else None
     if launched_by_torchrun():  # rank 0 makes and claims the folder, in the process group
         return _start(cfg, None)
     from pyg_mgpu.train.run_folder import claim_run_folder

@@ -76,7 +76,7 @@ def load_metrics(run_dir: Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunError(f"{path}: cannot be read as JSON ({e}); {RUN_HINT}") from None
     records = metrics.get("epochs") if isinstance(metrics, dict) else None
-    if not records or not isinstance(records, list) \
-            or not all(isinstance(r, dict) and "epoch" in r for r in records):
+    if (not records or not isinstance(records, list)
+            or not all(isinstance(r, dict) and "epoch" in r for r in records)):
         raise RunError(f"{path}: has no per-epoch records under 'epochs'; {RUN_HINT}")
     return metrics

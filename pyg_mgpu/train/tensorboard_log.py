@@ -50,7 +50,7 @@ class TensorBoardLog:
         self.status = status
 
     @classmethod
-    def open(cls, out: Path, config: dict, *, is_main: bool,
+    def for_run(cls, out: Path, config: dict, *, is_main: bool,
              first_epoch: int = 1) -> "TensorBoardLog":
         """The log of the run in ``out``, with its ``config`` written as text, on rank 0
         (``is_main``); an empty one on the other ranks.

@@ -372,7 +372,7 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
                 warnings.warn(f"the resumed run's plan differs from its checkpoint's: "
                               f"{'; '.join(changed)}; it continues, but not with the batches "
                               "or speed the run had", stacklevel=2)
-    board = TensorBoardLog.open(out, cfg.to_dict(), is_main=ctx.is_main,
+    board = TensorBoardLog.for_run(out, cfg.to_dict(), is_main=ctx.is_main,
                                 first_epoch=progress.next_epoch)
     progress = fit(cfg, ctx, trainee, data, progress, out,
                    data_fingerprint=(run_info or {}).get("data_fingerprint"), board=board)
