@@ -309,14 +309,17 @@ def run(args) -> dict:
     options = dict(outputs=outputs, embeddings=args.embeddings, nodes=nodes,
                    batch_size=args.batch_size, hidden_dtype=args.hidden_dtype)
     key = {"data": fingerprint}
-    if args.resume:  # layers of another model or data: refused here, before any rank starts
-        check_resume(model, graph, out, key=key, **options)
-    graph.share_memory_()
+    # Layers of another model or data are refused here, before any rank starts.
+    finished = args.resume and check_resume(model, graph, out, key=key, **options)
     options.update(resume=args.resume, key=key)
-    print(f"{graph.summary()} | {cfg.model.model}, {cfg.training.num_layers} layers | "
-          f"{len(devices)} rank(s) on {devices[0].type} | writing to {out}", flush=True)
-    launch_local(_predict_rank, devices, args=(model, graph, str(out), options),
-                 timeout_s=args.timeout_s, backend=args.backend)
+    if finished:
+        print(f"{out} holds these predictions whole already: nothing to compute", flush=True)
+    else:
+        graph.share_memory_()
+        print(f"{graph.summary()} | {cfg.model.model}, {cfg.training.num_layers} layers | "
+              f"{len(devices)} rank(s) on {devices[0].type} | writing to {out}", flush=True)
+        launch_local(_predict_rank, devices, args=(model, graph, str(out), options),
+                     timeout_s=args.timeout_s, backend=args.backend)
     opened = Predictions.load(out, stack.outputs(0) if graph.is_hetero else None)
     target_folder = out / graph.target if graph.is_hetero else out
     summary = {

@@ -47,6 +47,9 @@ MODELS = {
     "PyG GAT": lambda: pyg_nn.GAT(8, 16, 2, out_channels=5, heads=2),
     "PyG GIN with BatchNorm": lambda: pyg_nn.GIN(8, 16, 3, out_channels=5, norm="batch_norm"),
     "PyG GraphSAGE, jk last": lambda: pyg_nn.GraphSAGE(8, 16, 2, out_channels=5, jk="last"),
+    # Message passing: sage_layer computes neither projection nor normalization.
+    "PyG GraphSAGE, project and normalize": lambda: pyg_nn.GraphSAGE(
+        8, 16, 2, out_channels=5, project=True, normalize=True),
 }
 
 
@@ -72,7 +75,21 @@ def test_outputs_equal_the_full_graph_forward(name, tmp_path):
                                expected.softmax(-1), rtol=0, atol=1e-4)
     assert torch.equal(tensor(got.labels[:]), expected.argmax(-1))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "labels.npy", "logits.npy", "node_ids.npy", "probabilities.npy"]  # layers/ removed
+        "labels.npy", "logits.npy", "manifest.json", "node_ids.npy",
+        "probabilities.npy"]  # layers/ removed
+
+
+def test_pygs_default_sageconv_runs_without_message_passing(tmp_path, monkeypatch):
+    """Its means come from embedding_bag, with no row per edge; the outputs stay the full
+    forward's."""
+    data, model = graph(), trained_looking(MODELS["PyG GraphSAGE"])
+    expected = model(data.x, data.edge_index)
+
+    def no_propagate(*args, **kwargs):
+        raise AssertionError("SAGEConv.propagate ran")
+    monkeypatch.setattr(pyg_nn.SAGEConv, "propagate", no_propagate)
+    got = pyg_mgpu.predict(model, data, tmp_path, batch_size=64)
+    torch.testing.assert_close(tensor(got.logits[:]), expected, rtol=0, atol=1e-4)
 
 
 def test_requested_nodes_get_their_rows_in_their_order_and_a_hidden_layers_output(tmp_path):
@@ -200,6 +217,33 @@ def test_resume_continues_after_the_last_whole_layer(tmp_path, monkeypatch):
     torch.testing.assert_close(tensor(got.logits[:]), expected, rtol=0, atol=1e-4)
     assert got.embeddings.shape == (NUM_NODES, 16)
     assert not layers.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_resume_of_finished_outputs_computes_nothing_and_checks_the_model(tmp_path,
+                                                                            monkeypatch):
+    data, model = graph(), trained_looking(MODELS["pyg_mgpu gcn"])
+    options = dict(outputs=["logits"], embeddings=1, nodes=None, batch_size=50,
+                   hidden_dtype="float32")
+    first = pyg_mgpu.predict(model, data, tmp_path, **options)
+    logits = tensor(first.logits[:])
+    assert predictions.check_resume(model, data, tmp_path, **options)
+
+    def no_layer(run, i):
+        raise AssertionError(f"layer {i} computed again")
+    monkeypatch.setattr(predictions._Run, "_run_layer", no_layer)
+    again = pyg_mgpu.predict(model, data, tmp_path, resume=True, **options)
+    assert torch.equal(tensor(again.logits[:]), logits)
+    assert again.embeddings.shape == (NUM_NODES, 16)
+    other = build_model("gcn", 8, 16, 5, 3)  # same shapes, other weights
+    with pytest.raises(ValueError, match="other model"):
+        predictions.check_resume(other, data, tmp_path, **options)
+    with pytest.raises(ValueError, match="other embeddings"):
+        pyg_mgpu.predict(model, data, tmp_path, batch_size=50, resume=True)
+    # Started afresh (no resume), the outputs are computed again.
+    monkeypatch.undo()
+    assert not predictions.check_resume(model, data, tmp_path / "elsewhere", **options)
+    fresh = pyg_mgpu.predict(model, data, tmp_path, batch_size=50)
+    assert torch.equal(tensor(fresh.logits[:]), logits)
 
 
 def test_resume_refuses_layers_of_another_model(tmp_path, monkeypatch):

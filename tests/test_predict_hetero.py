@@ -79,7 +79,8 @@ def test_hetero_outputs_per_type_equal_the_full_graph_forward(conv, tmp_path):
         assert np.array_equal(got.node_ids[t], np.arange(SIZES[t]))
     assert got.files()["author/embeddings"] == {"file": "author/embeddings.npy",
                                                 "shape": [61, 16], "dtype": "float32"}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["author", "field", "paper"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["author", "field", "manifest.json",
+                                                          "paper"]
 
 
 def test_hetero_nodes_of_the_labelled_type_in_their_order(tmp_path):

@@ -9,6 +9,7 @@ layer file come in file order; an edge type between two node types numbers its s
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
@@ -120,6 +121,20 @@ class Rows:
     def __init__(self, source: Union[Tensor, np.ndarray], dtype: Optional[str] = None,
                  ids: Optional[np.ndarray] = None):
         self.source, self.dtype, self.ids = source, dtype, ids
+
+    def table(self) -> Optional[Tensor]:
+        """Every row, numbered by node id, as one float32 tensor without a copy (the features,
+        or a float32 layer file through its mapping); None where rows need decoding or are
+        numbered otherwise."""
+        if self.ids is not None:
+            return None
+        if isinstance(self.source, Tensor):
+            return self.source if self.source.dtype == torch.float32 else None
+        if self.dtype != "float32":
+            return None
+        with warnings.catch_warnings():  # a read-only mapping, never written through
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(self.source)
 
     def read(self, nodes: Union[tuple[int, int], Tensor]) -> Tensor:
         if self.ids is not None:  # the nodes' rows in a file of the needed nodes

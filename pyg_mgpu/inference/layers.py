@@ -26,7 +26,8 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import GCNConv
+from torch_geometric.nn import GCNConv, SAGEConv
+from torch_geometric.nn.aggr import MeanAggregation
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
@@ -63,9 +64,11 @@ class Layer:
         conv: The message-passing module.
         after: What the model applies to the conv's output (activation, norm, final Linear).
         gcn: For a ``GCNConv``: its weighting, applied from whole-graph degrees; else None.
-        mean_bags: pyg_mgpu's GraphSAGE: the conv runs as its fast path does
+        mean_bags: A mean ``SAGEConv`` (pyg_mgpu's GraphSAGE, or PyG's with its defaults: see
+            :func:`computes_as_sage_layer`): the conv runs as pyg_mgpu's fast path does
             (:func:`~pyg_mgpu.nn.sage.sage_layer`: neighbour means by ``embedding_bag``, which
-            holds no per-edge copy of the source rows).
+            holds no per-edge copy of the source rows, where message passing gathers a row per
+            edge and scatters it back).
     """
     conv: nn.Module
     after: Callable[[Tensor], Tensor]
@@ -88,6 +91,26 @@ class Layer:
             with _normalize_off(self.conv):
                 out = self.conv(x_src, edge_index, weight)[:num_dst]
         return self.after(out)
+
+    def on_table(self, table: Tensor, dst: tuple[int, int], colptr: Tensor,
+                 row: Tensor) -> Tensor:
+        """A ``mean_bags`` layer's outputs for the destinations ``dst`` (a range of node ids),
+        whose neighbours' means are read straight from ``table`` (every node's input row)
+        through the graph's CSC: no block is built and no row copied out."""
+        start, end = dst
+        e0, e1 = int(colptr[start]), int(colptr[end])
+        ptr = (colptr[start:end + 1] - e0).to(table.device, torch.long)
+        src = row[e0:e1].to(table.device, torch.long)
+        return self.after(sage_layer(self.conv, table, end - start, ptr, src,
+                                     root=table[start:end]))
+
+
+def computes_as_sage_layer(conv: nn.Module) -> bool:
+    """Whether :func:`~pyg_mgpu.nn.sage.sage_layer` computes ``conv`` exactly: PyG's own
+    ``SAGEConv`` (not a subclass, which may change its messages) with mean aggregation, a root
+    weight, and neither ``project`` nor ``normalize``."""
+    return (type(conv) is SAGEConv and type(conv.aggr_module) is MeanAggregation
+            and conv.root_weight and not conv.project and not conv.normalize)
 
 
 def _gcn_block(edge_index: Tensor, num_dst: int, inv_sqrt_deg: Optional[Tensor],
@@ -174,7 +197,8 @@ def model_layers(model: nn.Module) -> list[Layer]:
                 gcn = GCNWeights(model.add_self_loops, normalize=True)
             else:
                 gcn = GCNWeights(conv.add_self_loops, conv.normalize)
-        layers.append(Layer(conv, _basic_gnn_after(model, i), gcn))
+        layers.append(Layer(conv, _basic_gnn_after(model, i), gcn,
+                            mean_bags=computes_as_sage_layer(conv)))
     return layers
 
 
@@ -250,10 +274,15 @@ class HomogeneousStack:
              device: torch.device, scale: Optional[Rows] = None) -> Tensor:
         """Layer ``i``'s outputs for destinations ``dst`` (a range or ids), from ``inputs``
         (the layer before's rows); ``scale``: GCN's ``deg ** -0.5`` of every node."""
+        layer = self.layers[i]
+        if layer.mean_bags and isinstance(dst, tuple):
+            table = inputs[NODE].table()
+            if table is not None and table.device == device:
+                return layer.on_table(table, dst, *graph.csc[EDGE])
         block = make_block(*graph.csc[EDGE], dst)
         weights = None if scale is None else scale.block_rows(block).to(device)
-        return self.layers[i](inputs[NODE].block_rows(block).to(device),
-                              block.edge_index.to(device), block.num_dst, weights)
+        return layer(inputs[NODE].block_rows(block).to(device), block.edge_index.to(device),
+                     block.num_dst, weights)
 
 
 def stack_of(model: nn.Module):

@@ -130,15 +130,25 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
 
 
 def check_resume(model: torch.nn.Module, data, out: Union[str, Path], *,
-                 key: Optional[dict] = None, **options) -> None:
-    """Refuses, as :func:`predict` with ``resume=True`` would, layers in ``out`` computed with
-    another model, graph or options (``options``: :func:`predict`'s), before any rank starts.
+                 key: Optional[dict] = None, **options) -> bool:
+    """Refuses, as :func:`predict` with ``resume=True`` would, layers or outputs in ``out``
+    computed with another model, graph or options (``options``: :func:`predict`'s), before any
+    rank starts; returns whether ``out`` holds this call's outputs whole already (a resumed
+    call then computes nothing).
 
     Raises:
         ValueError: naming what differs.
     """
     plan = Plan(model, data, Path(out), **options)
-    _same_manifest(plan.out, store.read_manifest(plan.folder), plan.manifest(model, key))
+    before = _recorded_manifest(plan)
+    _same_manifest(plan.out, before, plan.manifest(model, key))
+    return before is not None and plan.finished_layers() == plan.num_layers
+
+
+def _recorded_manifest(plan: Plan) -> Optional[dict]:
+    """What the layers in ``out`` were computed from, or, once they are done and removed,
+    the finished outputs."""
+    return store.read_manifest(plan.folder) or store.read_manifest(plan.out)
 
 
 def _same_manifest(out: Path, before: Optional[dict], manifest: dict) -> None:
@@ -156,11 +166,13 @@ class _Run:
         self.plan, self.device, self.progress_bar = plan, device, progress_bar
         self.rank, self.world_size = _rank_and_world()
         self.start = 0
+        self.manifest: Optional[dict] = None
 
     def prepare(self, resume: bool, manifest: dict) -> None:
         """Rank 0 checks or starts the folder and writes which nodes each layer computes;
         every rank learns where to start and opens those lists."""
         answer = (0, set(), None)
+        self.manifest = manifest
         if self.rank == 0:
             try:
                 resumed = self._prepare_folder(resume, manifest)
@@ -181,12 +193,13 @@ class _Run:
         store.remove_partials(self.plan.out)
         store.remove_partials(self.plan.folder)
         if resume:
-            before = store.read_manifest(self.plan.folder)
+            before = _recorded_manifest(self.plan)
             _same_manifest(self.plan.out, before, manifest)
             if before is not None:
                 return True
         shutil.rmtree(self.plan.folder)
         self.plan.folder.mkdir()
+        store.remove(self.plan.out / store.MANIFEST)
         for t in self.plan.stack.outputs(0):
             store.remove(*(self.plan.out_folder(t) / f"{name}.npy" for name in FILES))
         store.write_manifest(self.plan.folder, manifest)
@@ -299,6 +312,8 @@ class _Run:
                     array.flush()
                     del array
                     store.finalize(ids)
+            # What the outputs were computed from: a resumed call on them computes nothing.
+            store.write_manifest(self.plan.out, self.manifest)
             shutil.rmtree(self.plan.folder, ignore_errors=True)
         _barrier(self.world_size)
 

@@ -189,7 +189,8 @@ def fused_aggregation_runs(x: Tensor) -> bool:
 
 def sage_layer(conv: SAGEConv, x: Tensor, num_dst: int, ptr: Tensor, src: Tensor,
                dst: Optional[Tensor] = None, deg: Optional[Tensor] = None, *,
-               fused: bool = False, n_id: Optional[Tensor] = None) -> Tensor:
+               fused: bool = False, n_id: Optional[Tensor] = None,
+               root: Optional[Tensor] = None) -> Tensor:
     """PyG's ``SAGEConv(aggr="mean")`` forward with its own parameters, for destinations
     ``x[:num_dst]``, destination ``i`` fed by the sources ``src[ptr[i]:ptr[i + 1]]`` (rows of
     ``x``); ``dst``, ``deg`` as :func:`mean_aggregate` takes them.
@@ -197,6 +198,9 @@ def sage_layer(conv: SAGEConv, x: Tensor, num_dst: int, ptr: Tensor, src: Tensor
     ``fused``: the means by :func:`pyg_mgpu.nn.fused_mean.gather_mean` (CUDA tensors, see
     :func:`fused_aggregation_runs`); then ``n_id`` may name the layer's rows in ``x``, which
     is read through it (the layer's input is ``x[n_id]``, never copied out).
+
+    ``root``: the destinations' own rows, where they are not the first ``num_dst`` rows of
+    ``x`` (then ``x`` may be a whole table that ``src`` indexes: no rows copied out of it).
 
     Only for the defaults :class:`GraphSAGE` builds (no ``normalize``, ``project`` or
     ``root_weight=False``); the result equals ``conv((x, x[:num_dst]), edge_index)`` (tested).
@@ -209,7 +213,9 @@ def sage_layer(conv: SAGEConv, x: Tensor, num_dst: int, ptr: Tensor, src: Tensor
         agg, x_dst = gather_mean(x, ptr, src, n_id, num_dst)
     else:
         assert n_id is None, "only the fused aggregation reads its rows through n_id"
-        agg, x_dst = mean_aggregate(x, ptr, src, dst, deg, num_dst)
+        agg, x_dst = mean_aggregate(x, ptr, src, dst, deg, num_dst if root is None else 0)
+    if root is not None:
+        x_dst = root
     out = F.linear(agg, conv.lin_l.weight, conv.lin_l.bias)
     # In-place matmul is outside autocast: cast its operands to the output's dtype by hand.
     return out.addmm_(x_dst.to(out.dtype), conv.lin_r.weight.t().to(out.dtype))
