@@ -68,7 +68,8 @@ if __name__ == "__main__":  # the launcher as a user's script runs it
 
     target = {"sleep": sleep_until_stopped, "ignore": ignore_the_stop,
               "slow_start": start_slowly}[sys.argv[1]]
-    args = (SlowToStart(30.0),) if target is start_slowly else ()
+    start_s = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
+    args = (SlowToStart(start_s),) if target is start_slowly else ()
     try:
         spawn(target, args=args, devices="cpu", nprocs=2, grace_s=float(sys.argv[2]))
     except JobStopped as e:

@@ -445,6 +445,30 @@ def test_a_stop_while_the_ranks_start_is_a_stop_not_a_failure(tmp_path, to):
         job.wait()
 
 
+def test_ctrl_c_while_the_ranks_start_is_one_line_and_a_stop(tmp_path):
+    # Ctrl-C reaches the whole process group while both ranks still unpickle their arguments
+    # (as ranks still importing torch would): no KeyboardInterrupt traceback in them; they
+    # hear the stop once their handlers exist and end before their function runs.
+    log = tmp_path / "log.txt"
+    job = start([sys.executable, str(REPO / "tests" / "_stop_ranks.py"), "slow_start", "30",
+                 "3"], log)
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("rank starting") < 2:
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        os.killpg(job.pid, signal.SIGINT)
+        code = wait_for_exit(job, "SIGINT", timeout_s=60)
+        text = log.read_text(errors="replace")
+        assert code == 128 + signal.SIGINT, text
+        assert "JobStopped: stopped by SIGINT" in text, text
+        assert "Traceback" not in text and "killed" not in text, text
+        assert "ready" not in text, text  # the rank function never started
+    finally:
+        kill_group(job.pid)
+        job.wait()
+
+
 def test_a_rank_whose_launcher_died_before_it_started_stops():
     # The launcher passes its pid: a rank that only starts watching after the launcher's death
     # (its parent is then another process) still stops, as on SIGTERM.
