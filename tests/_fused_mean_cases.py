@@ -204,3 +204,92 @@ def test_sage_layer_fused_equals_sage_layer():
     conv = SAGEConv(6, 4, aggr="mean")
     torch.testing.assert_close(sage_layer(conv, x, 8, ptr.int(), src.int(), fused=True),
                                sage_layer(conv, x, 8, ptr, src), **FP32)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of one CPU rank (gloo), as the CLI's training loop runs in."""
+    import torch.distributed as dist
+    from pyg_mgpu.distributed.context import RankContext
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    yield RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"),
+                      backend="gloo")
+    dist.destroy_process_group()
+
+
+def train_one_epoch(monkeypatch, ctx, in_place: bool) -> dict:
+    """One epoch and a validation of the CLI's pieces (``build_ddp``, ``build_loaders``,
+    ``train_epoch``) on a small synthetic graph, planned as on a GPU that holds the whole graph
+    (``--graph-on gpu``), with ``--fused-aggregation`` and the fused kernels allowed on CPU
+    tensors. ``in_place`` False: the loaders gather ``x[n_id]`` as they do without the fused
+    route. Returns what the model was called with and computed, step by step."""
+    from dataclasses import replace
+    from pyg_mgpu.train import evaluator, trainer
+    from pyg_mgpu.train.config import TrainConfig
+    from pyg_mgpu.train.dataset import load_configured
+    from pyg_mgpu.train.loop import StageTimer, train_epoch
+    from pyg_mgpu.train.plan import plan_rank
+    from pyg_mgpu.train.trainee import build_ddp
+    cfg = TrainConfig.from_flags(num_nodes=300, num_edges=2000, num_features=6, num_classes=3,
+                                 hidden=8, batch_size=40, fanout="4,3", dropout=0.0,
+                                 fused_aggregation=True)
+    graph = load_configured(cfg)
+    seen = {"inputs": [], "logits": [], "grads": [], "indexed_means": 0}
+    gather_mean = fused_mean.gather_mean
+
+    def counted_gather_mean(table, ptr, src, index=None, num_root=0):
+        seen["indexed_means"] += index is not None
+        return gather_mean(table, ptr, src, index, num_root)
+
+    def record(module, args, kwargs, out):
+        seen["inputs"].append((args[0] is graph.x, kwargs.get("n_id")))
+        seen["logits"].append(out.detach().clone())
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sage, "fused_aggregation_runs", lambda x: True)
+        patch.setattr(fused_mean, "gather_mean", counted_gather_mean)
+        patch.setattr(trainer, "plan_rank", lambda *a: replace(plan_rank(*a), graph_on="gpu"))
+        if not in_place:
+            for module in (trainer, evaluator):
+                patch.setattr(module, "features_read_in_place", lambda *a: False)
+        trainee = build_ddp(cfg, graph, ctx)
+        data = trainer.build_loaders(cfg, graph, ctx)
+        trainee.model.register_forward_hook(record, with_kwargs=True)
+        data.train_loader.set_epoch(1)
+        loss, acc, _ = train_epoch(
+            trainee.trained, trainee.optimizer, data.train_loader, ctx, StageTimer(ctx.device),
+            1, cfg, trainee.grad_sync, after_step=lambda *_: seen["grads"].append(
+                [p.grad.clone() for p in trainee.model.parameters()]))
+        seen["val_acc"] = data.evaluator.accuracy(trainee.model, graph.val_idx)
+        seen["batch"] = next(iter(data.train_loader))
+    seen.update(graph=graph, loss=loss, acc=acc, table=data.train_loader.feature_table,
+                weights=[p.detach().clone() for p in trainee.model.parameters()])
+    return seen
+
+
+def test_training_reads_the_feature_table_in_place(monkeypatch, one_rank):
+    """The fused route: batches without x, the model called with the table and n_id; its
+    logits, gradients, loss, weights and accuracies equal those of gathered batches."""
+    gathered = train_one_epoch(monkeypatch, one_rank, in_place=False)
+    fused = train_one_epoch(monkeypatch, one_rank, in_place=True)
+    graph = fused["graph"]
+    assert fused["table"] is graph.x and "x" not in fused["batch"]
+    assert len(fused["grads"]) >= 2  # steps of the epoch
+    # Every forward (training steps, then validation) read the table through the batch's n_id.
+    assert all(is_table and n_id is not None for is_table, n_id in fused["inputs"])
+    assert fused["indexed_means"] == len(fused["inputs"])  # the first layer's, each forward
+    # Gathered: the loader's rows, as without the fused route.
+    assert gathered["table"] is None and gathered["indexed_means"] == 0
+    assert all(not is_table and n_id is None for is_table, n_id in gathered["inputs"])
+    assert torch.equal(gathered["batch"].x, graph.x[gathered["batch"].n_id])
+    assert len(fused["inputs"]) == len(gathered["inputs"])
+    for a, b in zip(fused["logits"], gathered["logits"]):
+        torch.testing.assert_close(a, b, **FP32)
+    for step_a, step_b in zip(fused["grads"], gathered["grads"], strict=True):
+        for a, b in zip(step_a, step_b, strict=True):
+            torch.testing.assert_close(a, b, **FP32)
+    for a, b in zip(fused["weights"], gathered["weights"], strict=True):
+        torch.testing.assert_close(a, b, **FP32)
+    assert abs(fused["loss"] - gathered["loss"]) < 1e-5
+    assert fused["acc"] == gathered["acc"] and fused["val_acc"] == gathered["val_acc"]

@@ -8,7 +8,7 @@ the model alike.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -39,13 +39,21 @@ def compute_features(x: Tensor) -> Tensor:
     return x
 
 
-def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, **kwargs) -> Tensor:
+def seed_outputs(model: torch.nn.Module, batch: Data | HeteroData, *,
+                 feature_table: Optional[Tensor] = None, **kwargs) -> Tensor:
     """The model's outputs for a batch's seeds: ``model(batch.x, batch.edge_index, **kwargs)``,
     or on a ``HeteroData`` batch ``model(batch.x_dict, batch.edge_index_dict, **kwargs)``, of
     the seeds' type where the model returns a dict per type (as PyG's heterogeneous models
-    do)."""
+    do).
+
+    ``feature_table``: a batch without ``x`` whose rows are ``feature_table[batch.n_id]``, for
+    a model that reads them in place: ``model(feature_table, batch.edge_index,
+    n_id=batch.n_id, **kwargs)`` (pyg_mgpu's GraphSAGE with the fused aggregation).
+    """
     seeds = seed_store(batch)
-    if seeds is batch:
+    if seeds is batch and feature_table is not None:  # rows read in place by the model
+        out = model(feature_table, batch.edge_index, n_id=batch.n_id, **kwargs)
+    elif seeds is batch:  # rows gathered by the loader
         out = model(compute_features(batch.x), batch.edge_index, **kwargs)
     else:
         out = model(batch.x_dict, batch.edge_index_dict, **kwargs)

@@ -1,7 +1,7 @@
 """``pyg_mgpu.evaluation``: the evaluation helpers for PyG users' own loops, by the module name
 they are documented under. Exact metrics over ranks live in :mod:`pyg_mgpu.metrics`, layer-wise
 inference in :mod:`pyg_mgpu.inference.layerwise`; the CLI's rank evaluates through the same
-functions (:class:`~pyg_mgpu.train.trainer.Evaluator`).
+functions (:class:`~pyg_mgpu.train.evaluator.Evaluator`).
 """
 from pyg_mgpu.inference.layerwise import layerwise_inference
 from pyg_mgpu.metrics.accuracy import accuracy

@@ -4,7 +4,9 @@ GPU placement, the GPU feature cache and DataLoader workers chosen per rank.
 Batches are ordinary PyG ``Data`` objects (``x, y, edge_index, batch_size, n_id,
 num_sampled_nodes, num_sampled_edges``), as any PyG user's ``NeighborLoader`` gives them; over a
 heterogeneous graph (:class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`) they are ``HeteroData``
-with the seeds in the labelled type.
+with the seeds in the labelled type. Where the model reads the feature rows in place
+(:func:`features_read_in_place`) the batches carry no ``x``: the loader's ``feature_table`` and
+each batch's ``n_id`` name the rows.
 """
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from pyg_mgpu.data.graph import ConvertedGraph
+from pyg_mgpu.data.graph import HALF_FEATURES, ConvertedGraph
 from pyg_mgpu.data.pinned import pinned_graph_tensors
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.sampling.feature_cache import FeatureCache, out_degree
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.seeds import rank_seed
+from pyg_mgpu.train.config import TrainConfig
 
 
 def pyg_sampler_available() -> bool:
@@ -125,6 +128,24 @@ def make_feature_cache(graph: ConvertedGraph, device: torch.device,
                         max_rows=budget_bytes // row_bytes)
 
 
+def features_read_in_place(cfg: TrainConfig, graph: TrainingGraph, graph_on: str,
+                           feature_cache: Optional[FeatureCache]) -> bool:
+    """Whether the model's first layer reads each batch's feature rows from the table itself
+    (``model(table, ..., n_id=batch.n_id)``) instead of the loader gathering ``x[n_id]``.
+
+    Only pyg_mgpu's GraphSAGE with ``--fused-aggregation`` reads them in place, and only a table
+    that lives whole on this GPU (``graph_on`` ``"gpu"``, no feature cache): rows in host memory
+    are gathered once per batch, not read by every layer's program. Half-precision features
+    need autocast, since the first layer's means keep the table's type.
+    """
+    from pyg_mgpu.nn.sage import fused_aggregation_runs  # the model's own test of the device
+    perf = cfg.performance
+    return (perf.fused_aggregation and cfg.model.recipe == "pyg_mgpu"
+            and cfg.model.model == "sage" and not perf.cuda_graph and not graph.is_hetero
+            and graph_on == "gpu" and feature_cache is None and fused_aggregation_runs(graph.x)
+            and (graph.x.dtype not in HALF_FEATURES or perf.amp == "bf16"))
+
+
 def _worker_start_method(num_workers: int) -> Optional[str]:
     """How DataLoader workers start: forked where the platform can.
 
@@ -184,7 +205,7 @@ def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
                 rank: Optional[int] = None, world_size: Optional[int] = None,
                 feature_cache: Optional[FeatureCache] = None,
                 device: Optional[torch.device] = None,
-                sample_batches: int = 1) -> NeighborLoader:
+                sample_batches: int = 1, features_in_place: bool = False) -> NeighborLoader:
     """A :class:`NeighborLoader` over ``nodes``: this rank's sharded epochs when ``rank`` and
     ``world_size`` are given (call ``set_epoch``), else every node in order.
 
@@ -192,17 +213,19 @@ def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
     features through ``feature_cache`` when given (in the consuming thread, never in workers).
     ``device`` is where the batches go: host batches bound for a GPU are pinned. On a
     :class:`HeteroGraph`, ``nodes`` are of its labelled type. ``sample_batches``: batches per
-    walk of the sampler (sharded loaders).
+    walk of the sampler (sharded loaders). ``features_in_place``
+    (:func:`features_read_in_place`): batches without ``x``; the loader's ``feature_table`` is
+    the table their ``n_id`` index (None otherwise).
     """
     on_gpu = not graph.is_hetero and graph.x.is_cuda
-    data = graph.loader_data(with_features=feature_cache is None)
+    data = graph.loader_data(with_features=feature_cache is None and not features_in_place)
     nodes = graph.loader_nodes(nodes)
     if on_gpu:
         num_workers = 0  # sampling runs on the GPU in this process; workers cannot use CUDA
     # Workers may not touch CUDA: with the cache, its gather runs in the consuming thread.
     filter_per_worker = num_workers > 0 and feature_cache is None
     distributed = rank is not None
-    return NeighborLoader(
+    loader = NeighborLoader(
         data, list(fanout), input_nodes=nodes, batch_size=batch_size,
         neighbor_sampler=_pyg_sampler(graph, fanout) if sampler == "pyg" else None,
         distributed=distributed, rank=rank, world_size=world_size, seed=seed,
@@ -220,3 +243,5 @@ def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
         # (filter_per_worker).
         pin_memory=device is not None and device.type == "cuda" and not on_gpu and
         filter_per_worker)
+    loader.feature_table = graph.x if features_in_place else None
+    return loader

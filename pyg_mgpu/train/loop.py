@@ -64,8 +64,9 @@ class StageTimer:
 
 
 def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
-                amp: bool = False) -> torch.Tensor:
-    """Seed logits (float32) of a sampled batch.
+                amp: bool = False, feature_table: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Seed logits (float32) of a sampled batch; ``feature_table``: the table whose rows the
+    batch's ``n_id`` name, for a batch without ``x`` (:func:`seed_outputs`).
 
     Trimming needs the per-hop counts; PyG's sampler gives them only with pyg-lib (not with
     torch-sparse), and without them every layer runs on every node, which is slower but exact.
@@ -82,8 +83,9 @@ def seed_logits(model: torch.nn.Module, batch, *, trim: bool = True,
         else:  # PyG's keywords: our GraphSAGE and PyG's models (--model) take them alike
             counts = {"num_sampled_nodes_per_hop": batch.num_sampled_nodes,
                       "num_sampled_edges_per_hop": batch.num_sampled_edges}
-    with torch.autocast(seeds.x.device.type, dtype=torch.bfloat16, enabled=amp):
-        return seed_outputs(model, batch, **counts).float()
+    rows = seeds.x if feature_table is None else feature_table
+    with torch.autocast(rows.device.type, dtype=torch.bfloat16, enabled=amp):
+        return seed_outputs(model, batch, feature_table=feature_table, **counts).float()
 
 
 class EpochTotals:
@@ -228,6 +230,9 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
     # thread; otherwise only the wait for the next batch ("load") is on this thread's clock.
     sampler = loader.node_sampler if loader.num_workers == 0 and not prefetch else None
     clock = (lambda: sampler.busy_s) if hasattr(sampler, "busy_s") else None
+    # The fused route: batches without x, whose rows the model reads from this table through
+    # their n_id (train.loaders.features_read_in_place). None: the plain route, batch.x.
+    feature_table = getattr(loader, "feature_table", None)
     progress = tqdm(total=len(loader), desc=f"epoch {epoch}", disable=not ctx.is_main,
                     leave=False, dynamic_ncols=True)
     with Prefetcher(loader, ctx.device, prefetch, snapshot=snapshot, timer=timer,
@@ -240,7 +245,7 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
             if graphed is None:
                 optimizer.zero_grad(set_to_none=True)
                 out = seed_logits(ddp, batch, trim=cfg.model.recipe == "pyg_mgpu",
-                                  amp=cfg.performance.amp == "bf16")
+                                  amp=cfg.performance.amp == "bf16", feature_table=feature_table)
                 loss = F.cross_entropy(out, y)
                 timer.lap("forward")
                 loss.backward()

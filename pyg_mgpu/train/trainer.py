@@ -22,18 +22,14 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
 from pyg_mgpu.inference.layerwise import layerwise_inference
-from pyg_mgpu.metrics import accuracy
 from pyg_mgpu.sampling.feature_cache import FeatureCache
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
-from pyg_mgpu.sampling.sharding import eval_shard
-from pyg_mgpu.seeds import eval_loader_seed
 from pyg_mgpu.train.busy import BusyShare, nvml_reader
 from pyg_mgpu.train.checkpoint import (
     CHECKPOINT,
@@ -45,49 +41,18 @@ from pyg_mgpu.train.checkpoint import (
     save_torch,
 )
 from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.train.evaluator import Evaluator
 from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
-from pyg_mgpu.train.loaders import make_feature_cache, make_loader, place_graph
-from pyg_mgpu.train.loop import EpochTotals, StageTimer, seed_logits, train_epoch
+from pyg_mgpu.train.loaders import (features_read_in_place, make_feature_cache, make_loader,
+                                    place_graph)
+from pyg_mgpu.train.loop import EpochTotals, StageTimer, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
 from pyg_mgpu.train.plan import RunPlan, least_free_gpu_bytes, plan_rank
 from pyg_mgpu.train.run_folder import hold_run_folder
 from pyg_mgpu.train.tensorboard_log import TensorBoardLog
 from pyg_mgpu.train.trace import StepTrace, format_top
 from pyg_mgpu.train.trainee import Trainee, build_ddp
-
-
-class Evaluator:
-    """Validation/test accuracy on rank 0 alone, or sharded over all ranks; known on every rank
-    afterwards."""
-
-    def __init__(self, graph: TrainingGraph, cfg: TrainConfig, ctx: RankContext, plan: RunPlan,
-                 feature_cache: Optional[FeatureCache] = None):
-        self.ctx, self.graph, self.cfg, self.plan = ctx, graph, cfg, plan
-        self.feature_cache = feature_cache
-        self.sharded = cfg.evaluation.eval_on == "all"
-
-    def _loader(self, nodes: torch.Tensor) -> NeighborLoader:
-        if self.sharded:
-            nodes = eval_shard(nodes, self.ctx.rank, self.ctx.world_size)
-        # Same seed on every rank and in every mode: the eval sample depends on the node only
-        # through the batch it lands in, and with fanout -1 not at all.
-        return make_loader(self.graph, nodes, fanout=self.cfg.training.fanout,
-                           sampler=self.plan.sampler, seed=eval_loader_seed(self.cfg.training.seed),
-                           batch_size=self.plan.eval_batch_size,
-                           feature_cache=self.feature_cache, device=self.ctx.device)
-
-    def accuracy(self, model: torch.nn.Module, nodes: torch.Tensor) -> float:
-        result = torch.zeros(1, dtype=torch.float64)
-        if self.sharded or self.ctx.is_main:
-            result[0] = accuracy(model, self._loader(nodes), device=self.ctx.device,
-                                 sum_over_ranks=self.sharded,
-                                 forward=partial(seed_logits, amp=self.cfg.performance.amp == "bf16"))
-        if not self.sharded:
-            # Others wait at the broadcast (the recipe's barrier) while rank 0 evaluates.
-            result = result.to(self.ctx.collective_device)
-            dist.broadcast(result, src=0)
-        return float(result[0])
 
 
 @dataclass
@@ -115,7 +80,9 @@ def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> R
                                world_size=ctx.world_size, batch_size=cfg.training.batch_size,
                                num_workers=cfg.performance.num_workers,
                                feature_cache=feature_cache, device=ctx.device,
-                               sample_batches=plan.sample_batches)
+                               sample_batches=plan.sample_batches,
+                               features_in_place=features_read_in_place(
+                                   cfg, graph, plan.graph_on, feature_cache))
     return RankData(graph, plan, train_loader,
                     Evaluator(graph, cfg, ctx, plan, feature_cache), feature_cache)
 
