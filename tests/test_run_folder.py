@@ -41,6 +41,23 @@ def hand_made_checkpoint(folder: Path, epoch: int = 3) -> bytes:
     return (folder / CHECKPOINT).read_bytes()
 
 
+@pytest.mark.parametrize("content", [b"", b"torn", "foreign"])
+def test_a_checkpoint_no_run_can_continue_is_protected_without_a_resume_hint(content,
+                                                                               tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    if content == "foreign":  # another tool's pickle
+        torch.save({"weights": torch.zeros(2)}, folder / CHECKPOINT)
+    else:
+        (folder / CHECKPOINT).write_bytes(content)
+    with pytest.raises(RunFolderError) as refused:
+        with claim_run_folder(folder, resume=None, overwrite=False):
+            pass
+    message = str(refused.value)
+    assert "--overwrite" in message and "--resume" not in message, message
+    assert ("not one pyg_mgpu wrote" if content == "foreign" else "unreadable") in message
+
+
 @pytest.mark.slow
 def test_a_run_over_another_runs_checkpoint_is_refused_unless_resumed_or_overwritten(
         tmp_path, capsys):

@@ -140,24 +140,29 @@ def _check_checkpoint(out: Path, resume: Optional[str], overwrite: bool) -> None
     path = out / CHECKPOINT
     if overwrite or _continues(out, resume) or not path.exists():
         return
-    what = f"the checkpoint of an earlier run ({_describe(path)})"
-    how = (f"continue it with --resume {out} (or --resume auto), start afresh there with "
-           "--overwrite (which deletes it), or choose another --out")
+    state, resumable = _describe(path)
+    what = f"the checkpoint of an earlier run ({state})"
+    afresh = "start afresh there with --overwrite (which deletes it), or choose another --out"
+    # A file no run can continue from gets no --resume hint: that would only be refused.
+    how = f"continue it with --resume {out} (or --resume auto), {afresh}" if resumable else afresh
     if resume:
         raise RunFolderError(f"--out {out} holds {what}, which this run, continuing "
                              f"--resume {resume}, would replace; {how}.")
     raise RunFolderError(f"--out {out} holds {what}; {how}.")
 
 
-def _describe(path: Path) -> str:
-    """Where the checkpoint in ``path`` stands, or that it cannot be read."""
+def _describe(path: Path) -> tuple[str, bool]:
+    """Where the checkpoint in ``path`` stands, or that it cannot be read; and whether a run
+    can continue from it."""
     try:
         import torch
         # weights_only: a file of unknown origin is read, not run, for a message.
         ckpt = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
     except Exception:  # a torn, foreign or empty file: protected all the same
-        return "unreadable"
-    return "not one pyg_mgpu wrote" if not_a_checkpoint(ckpt) else describe(ckpt)
+        return "unreadable", False
+    if not_a_checkpoint(ckpt):
+        return "not one pyg_mgpu wrote", False
+    return describe(ckpt), True
 
 
 @contextlib.contextmanager
