@@ -85,6 +85,9 @@ def test_more_than_4_cpu_ranks_per_core_are_refused_before_the_data_loads(tmp_pa
     assert err.startswith("error: --nprocs 9: more than 4 CPU ranks per core (2 core(s) here: "
                           "at most 8)") and "about 2.7 GB of memory (an estimate" in err, err
     assert len(err.strip().splitlines()) == 1, err
+    assert tmp_path.is_dir()  # the user's folder stays; one the run made for itself goes
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "9", "--out", str(tmp_path / "new")]) == 2
+    assert not (tmp_path / "new").exists()
 
 
 def test_unwritable_out_is_reported(tmp_path, capsys):

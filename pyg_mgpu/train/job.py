@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -71,10 +72,25 @@ def run(cfg: TrainConfig) -> Path:
         return _start(cfg, None)
     from pyg_mgpu.train.run_folder import claim_run_folder
 
-    out = make_out_dir(cfg.outputs.out or cfg.faults.resume)
+    requested = cfg.outputs.out or cfg.faults.resume
+    created = not requested or not Path(requested).exists()
+    out = make_out_dir(requested)
     cfg.outputs.out = str(out)  # the folder chosen is the one recorded
-    with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
-        return _start(cfg, out)
+    try:
+        with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
+            return _start(cfg, out)
+    except (ConfigError, ValueError, OSError):
+        if created:  # refused before any rank ran: no empty run folder left behind
+            _remove_if_unused(out)
+        raise
+
+
+def _remove_if_unused(out: Path) -> None:
+    """Deletes ``out`` if nothing but the run's lock is in it."""
+    from pyg_mgpu.train.run_folder import LOCK
+
+    if {p.name for p in out.iterdir()} <= {LOCK}:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _resolve_devices(cfg: TrainConfig, torchrun: bool) -> list[torch.device]:
