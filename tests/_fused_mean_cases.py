@@ -225,7 +225,7 @@ def train_one_epoch(monkeypatch, ctx, in_place: bool) -> dict:
     tensors. ``in_place`` False: the loaders gather ``x[n_id]`` as they do without the fused
     route. Returns what the model was called with and computed, step by step."""
     from dataclasses import replace
-    from pyg_mgpu.train import evaluator, trainer
+    from pyg_mgpu.train import trainer
     from pyg_mgpu.train.config import TrainConfig
     from pyg_mgpu.train.dataset import load_configured
     from pyg_mgpu.train.loop import StageTimer, train_epoch
@@ -249,10 +249,11 @@ def train_one_epoch(monkeypatch, ctx, in_place: bool) -> dict:
     with monkeypatch.context() as patch:
         patch.setattr(sage, "fused_aggregation_runs", lambda x: True)
         patch.setattr(fused_mean, "gather_mean", counted_gather_mean)
-        patch.setattr(trainer, "plan_rank", lambda *a: replace(plan_rank(*a), graph_on="gpu"))
-        if not in_place:
-            for module in (trainer, evaluator):
-                patch.setattr(module, "features_read_in_place", lambda *a: False)
+        # Planned as on a GPU holding the whole graph; the fused means either read the table
+        # in place or take the rows the loader gathered.
+        route = "in_place" if in_place else "means"
+        patch.setattr(trainer, "plan_rank", lambda *a: replace(
+            plan_rank(*a), graph_on="gpu", fused_aggregation=route))
         trainee = build_ddp(cfg, graph, ctx)
         data = trainer.build_loaders(cfg, graph, ctx)
         trainee.model.register_forward_hook(record, with_kwargs=True)

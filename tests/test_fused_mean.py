@@ -83,18 +83,14 @@ def test_compiled_kernels_match_embedding_bag_on_cuda():
 def _rank_loaders(monkeypatch, graph_on: str = "gpu", **flags):
     """The CLI's loaders of one CPU rank on a small synthetic graph, planned with
     ``graph_on``, and with the fused kernels reported runnable on its CPU tensors."""
-    import dataclasses
-
     import torch
     from pyg_mgpu.distributed.context import RankContext
     from pyg_mgpu.nn import sage
-    from pyg_mgpu.train import trainer
+    from pyg_mgpu.train import plan, trainer
     from pyg_mgpu.train.config import TrainConfig
     from pyg_mgpu.train.dataset import load_configured
-    from pyg_mgpu.train.plan import plan_rank
     monkeypatch.setattr(sage, "fused_aggregation_runs", lambda x: True)
-    monkeypatch.setattr(trainer, "plan_rank",
-                        lambda *a: dataclasses.replace(plan_rank(*a), graph_on=graph_on))
+    monkeypatch.setattr(plan, "choose_placement", lambda *args: graph_on)
     cfg = TrainConfig.from_flags(num_nodes=300, num_edges=2000, num_features=6, num_classes=3,
                                  hidden=8, batch_size=40, fanout="4,3", **flags)
     graph = load_configured(cfg)
@@ -127,15 +123,15 @@ def test_without_the_flag_batches_carry_the_gathered_rows_as_before(monkeypatch)
 
 def test_the_fused_route_needs_our_graphsage_and_the_whole_table_on_the_gpu(monkeypatch):
     import torch
-    from pyg_mgpu.train.loaders import features_read_in_place
     cfg, graph, data = _rank_loaders(monkeypatch, fused_aggregation=True)
+    assert data.plan.fused_aggregation == "in_place"
     assert data.train_loader.feature_table is graph.x and data.evaluator.features_in_place
-    assert not features_read_in_place(cfg, graph, "gpu", feature_cache=object())
     for graph_on, flags in (("gpu", {"recipe": "pyg"}),  # PyG's recipe: its model takes no n_id
                             ("gpu", {"model": "gcn"}),
                             ("gpu", {"cuda_graph": True}),  # the padded step copies x itself
                             ("host", {})):  # rows in host memory: gathered once per batch
         _, graph, data = _rank_loaders(monkeypatch, graph_on, fused_aggregation=True, **flags)
         assert data.train_loader.feature_table is None, (graph_on, flags)
+        assert data.plan.fused_aggregation != "in_place", (graph_on, flags)
         batch = next(iter(data.train_loader))
         assert torch.equal(batch.x, graph.x[batch.n_id])

@@ -14,11 +14,27 @@ GRAPH = SimpleNamespace(is_hetero=False, num_features=8, x=torch.zeros(10, 8), m
 CPU = SimpleNamespace(device=torch.device("cpu"), backend="gloo")
 
 
+def test_the_fused_aggregations_route_is_planned_from_the_device_and_the_placement(
+        monkeypatch):
+    from pyg_mgpu.nn import sage
+    from pyg_mgpu.train import plan as plan_module
+    fused = TrainConfig.from_flags(fused_aggregation=True)
+    assert plan_rank(fused, GRAPH, CPU).fused_aggregation == "off"  # CPU ranks: plain means
+    monkeypatch.setattr(sage, "fused_aggregation_runs", lambda x: True)  # as on a GPU
+    assert plan_rank(fused, GRAPH, CPU).fused_aggregation == "means"  # rows in host memory
+    monkeypatch.setattr(plan_module, "choose_placement", lambda *args: "gpu")
+    assert plan_rank(fused, GRAPH, CPU).fused_aggregation == "in_place"
+    for flags in ({"cuda_graph": True}, {"model": "gcn"}, {"recipe": "pyg"}, {}):
+        route = plan_rank(TrainConfig.from_flags(fused_aggregation=bool(flags), **flags),
+                          GRAPH, CPU).fused_aggregation
+        assert route == ("means" if "cuda_graph" in flags else "off"), flags
+
+
 def test_cpu_ranks_resolve_every_default():
     plan = plan_rank(TrainConfig.from_flags(batch_size=128), GRAPH, CPU)
     assert plan == RunPlan(sampler="native", graph_on="cpu", sample_batches=1, prefetch=0,
                            feature_cache_gb=0, eval_batch_size=128, backend="gloo",
-                           matmul_precision="highest")
+                           matmul_precision="highest", fused_aggregation="off")
     small = plan_rank(TrainConfig.from_flags(batch_size=SMALL_CPU_BATCH), GRAPH, CPU)
     assert small.sample_batches == BATCHES_PER_WALK
     given = plan_rank(TrainConfig.from_flags(sample_batches=3, prefetch=2, eval_batch_size=5),

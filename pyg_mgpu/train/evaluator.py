@@ -15,7 +15,7 @@ from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.sharding import eval_shard
 from pyg_mgpu.seeds import eval_loader_seed
 from pyg_mgpu.train.config import TrainConfig
-from pyg_mgpu.train.loaders import features_read_in_place, make_loader
+from pyg_mgpu.train.loaders import make_loader
 from pyg_mgpu.train.loop import seed_logits
 from pyg_mgpu.train.plan import RunPlan
 
@@ -28,7 +28,7 @@ class Evaluator:
                  feature_cache: Optional[FeatureCache] = None):
         self.ctx, self.graph, self.cfg, self.plan = ctx, graph, cfg, plan
         self.feature_cache = feature_cache
-        self.features_in_place = features_read_in_place(cfg, graph, plan.graph_on, feature_cache)
+        self.features_in_place = plan.fused_aggregation == "in_place"
         self.sharded = cfg.evaluation.eval_on == "all"
 
     def _loader(self, nodes: torch.Tensor) -> NeighborLoader:

@@ -5,7 +5,7 @@ Batches are ordinary PyG ``Data`` objects (``x, y, edge_index, batch_size, n_id,
 num_sampled_nodes, num_sampled_edges``), as any PyG user's ``NeighborLoader`` gives them; over a
 heterogeneous graph (:class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`) they are ``HeteroData``
 with the seeds in the labelled type. Where the model reads the feature rows in place
-(:func:`features_read_in_place`) the batches carry no ``x``: the loader's ``feature_table`` and
+(:func:`fused_aggregation_route` ``"in_place"``) the batches carry no ``x``: the loader's ``feature_table`` and
 each batch's ``n_id`` name the rows.
 """
 from __future__ import annotations
@@ -128,22 +128,28 @@ def make_feature_cache(graph: ConvertedGraph, device: torch.device,
                         max_rows=budget_bytes // row_bytes)
 
 
-def features_read_in_place(cfg: TrainConfig, graph: TrainingGraph, graph_on: str,
-                           feature_cache: Optional[FeatureCache]) -> bool:
-    """Whether the model's first layer reads each batch's feature rows from the table itself
-    (``model(table, ..., n_id=batch.n_id)``) instead of the loader gathering ``x[n_id]``.
+def fused_aggregation_route(cfg: TrainConfig, graph: TrainingGraph, device: torch.device,
+                            graph_on: str) -> str:
+    """``--fused-aggregation`` as it runs on ``device``: ``"off"``; ``"means"``, the fused
+    kernels take the neighbour means of rows the loader gathered (``x[n_id]``); or
+    ``"in_place"``, the first layer reads each batch's rows from the feature table itself
+    (``model(table, ..., n_id=batch.n_id)``) and the loader gathers none.
 
-    Only pyg_mgpu's GraphSAGE with ``--fused-aggregation`` reads them in place, and only a table
-    that lives whole on this GPU (``graph_on`` ``"gpu"``, no feature cache): rows in host memory
-    are gathered once per batch, not read by every layer's program. Half-precision features
-    need autocast, since the first layer's means keep the table's type.
+    Only pyg_mgpu's GraphSAGE runs the fused kernels, on a GPU where triton imports. Rows are
+    read in place only from a table that lives whole on this GPU (``graph_on`` ``"gpu"``, so no
+    feature cache): rows in host memory are gathered once per batch, not read by every
+    program of the layer. A CUDA graph's padded step copies its input itself, and
+    half-precision features need autocast, since the first layer's means keep the table's type.
     """
     from pyg_mgpu.nn.sage import fused_aggregation_runs  # the model's own test of the device
     perf = cfg.performance
-    return (perf.fused_aggregation and cfg.model.recipe == "pyg_mgpu"
-            and cfg.model.model == "sage" and not perf.cuda_graph and not graph.is_hetero
-            and graph_on == "gpu" and feature_cache is None and fused_aggregation_runs(graph.x)
-            and (graph.x.dtype not in HALF_FEATURES or perf.amp == "bf16"))
+    if not (perf.fused_aggregation and cfg.model.recipe == "pyg_mgpu"
+            and cfg.model.model == "sage" and not graph.is_hetero
+            and fused_aggregation_runs(torch.empty(0, device=device))):
+        return "off"
+    in_place = (graph_on == "gpu" and not perf.cuda_graph
+                and (graph.x.dtype not in HALF_FEATURES or perf.amp == "bf16"))
+    return "in_place" if in_place else "means"
 
 
 def _worker_start_method(num_workers: int) -> Optional[str]:
@@ -214,7 +220,7 @@ def make_loader(graph: TrainingGraph, nodes: Tensor, *, fanout: Sequence[int],
     ``device`` is where the batches go: host batches bound for a GPU are pinned. On a
     :class:`HeteroGraph`, ``nodes`` are of its labelled type. ``sample_batches``: batches per
     walk of the sampler (sharded loaders). ``features_in_place``
-    (:func:`features_read_in_place`): batches without ``x``; the loader's ``feature_table`` is
+    (:func:`fused_aggregation_route` ``"in_place"``): batches without ``x``; the loader's ``feature_table`` is
     the table their ``n_id`` index (None otherwise).
     """
     on_gpu = not graph.is_hetero and graph.x.is_cuda

@@ -231,7 +231,7 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
     sampler = loader.node_sampler if loader.num_workers == 0 and not prefetch else None
     clock = (lambda: sampler.busy_s) if hasattr(sampler, "busy_s") else None
     # The fused route: batches without x, whose rows the model reads from this table through
-    # their n_id (train.loaders.features_read_in_place). None: the plain route, batch.x.
+    # their n_id (the run plan's fused_aggregation "in_place"). None: the plain route, batch.x.
     feature_table = getattr(loader, "feature_table", None)
     progress = tqdm(total=len(loader), desc=f"epoch {epoch}", disable=not ctx.is_main,
                     leave=False, dynamic_ncols=True)

@@ -2,7 +2,8 @@
 
 A flag left to its default (``--sample-batches``, ``--prefetch``, ``--feature-cache-gb``,
 ``--eval-batch-size``, ``--sampler auto``, ``--graph-on auto``, ``--backend auto``) takes a value
-that depends on the device, the graph or the other settings. It is resolved here, once, on each
+that depends on the device, the graph or the other settings; so does the route
+``--fused-aggregation`` takes. It is resolved here, once, on each
 rank (the device's free memory is known only there); rank 0's plan is what ``metrics.json`` and
 the checkpoints record, and a resumed run names each planned value that differs from its
 checkpoint's.
@@ -18,7 +19,7 @@ from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.loaders import (batches_per_walk, choose_placement, feature_cache_budget,
-                                    resolve_sampler)
+                                    fused_aggregation_route, resolve_sampler)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class RunPlan:
     eval_batch_size: int
     backend: str  # the process group's: gloo or nccl
     matmul_precision: str  # float32 matmuls: highest (strict fp32) or high (TF32 on GPUs)
+    fused_aggregation: str  # off, means, or in_place (layer 1 reads the feature table itself)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +70,8 @@ def plan_rank(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext,
                                         cfg.training.batch_size, on_gpu=on_gpu),
         prefetch=prefetch, feature_cache_gb=budget / 2**30,  # exact: a power of two
         eval_batch_size=cfg.evaluation.eval_batch_size or cfg.training.batch_size,
-        backend=ctx.backend, matmul_precision=perf.matmul_precision)
+        backend=ctx.backend, matmul_precision=perf.matmul_precision,
+        fused_aggregation=fused_aggregation_route(cfg, graph, ctx.device, graph_on))
 
 
 def least_free_gpu_bytes(ctx: RankContext) -> Optional[int]:

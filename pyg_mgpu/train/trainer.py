@@ -44,8 +44,7 @@ from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.evaluator import Evaluator
 from pyg_mgpu.train.health import collapse_warnings
 from pyg_mgpu.train.inference import exact_accuracy, layerwise_logits
-from pyg_mgpu.train.loaders import (features_read_in_place, make_feature_cache, make_loader,
-                                    place_graph)
+from pyg_mgpu.train.loaders import make_feature_cache, make_loader, place_graph
 from pyg_mgpu.train.loop import EpochTotals, StageTimer, train_epoch
 from pyg_mgpu.train.metrics import peak_mem_mb, total_stage_times, write_outputs
 from pyg_mgpu.train.plan import RunPlan, least_free_gpu_bytes, plan_rank
@@ -81,8 +80,7 @@ def build_loaders(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext) -> R
                                num_workers=cfg.performance.num_workers,
                                feature_cache=feature_cache, device=ctx.device,
                                sample_batches=plan.sample_batches,
-                               features_in_place=features_read_in_place(
-                                   cfg, graph, plan.graph_on, feature_cache))
+                               features_in_place=plan.fused_aggregation == "in_place")
     return RankData(graph, plan, train_loader,
                     Evaluator(graph, cfg, ctx, plan, feature_cache), feature_cache)
 
