@@ -10,7 +10,9 @@
 #      pyg_mgpu.tools.kernel_table);
 #   3. A/B runs of 2 epochs each, the same graph and seed: strict fp32 (--matmul-precision
 #      highest, the baseline), TF32 (--matmul-precision high), --amp bf16, --cuda-graph, and
-#      --fused-aggregation where the CLI has it (a flag the CLI does not know is skipped).
+#      --fused-aggregation where the CLI has it (a flag the CLI does not know is skipped),
+#      and --prefetch 3 (three batches queued ahead instead of one: does the training stream
+#      still wait while the sampler draws the next walk of 8 batches?).
 # Everything lands in $OUT (default runs/gpu-floor): gpu_floor.md (Markdown for
 # docs/benchmarks.md, rewritten after every step, so a cut-off call keeps what ran), each
 # step's log, the A/B runs' metrics.json and history.csv, the trace's kernels.csv. Run
@@ -132,6 +134,7 @@ ab tf32 --matmul-precision high
 ab bf16 --amp bf16
 ab cuda_graph --cuda-graph
 ab fused --fused-aggregation
+ab prefetch3 --prefetch 3
 
 echo "[gpu_floor] done in $((SECONDS - START)) s: $OUT/gpu_floor.md"
 cat "$OUT/gpu_floor.md" 2>/dev/null || true
