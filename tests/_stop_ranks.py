@@ -58,7 +58,7 @@ def _arrive_after(seconds: float) -> "SlowToStart":
     return SlowToStart(seconds)
 
 
-def start_slowly(ctx, slow):
+def start_slowly(ctx, slow, *payload):
     sleep_until_stopped(ctx)
 
 
@@ -69,7 +69,10 @@ if __name__ == "__main__":  # the launcher as a user's script runs it
     target = {"sleep": sleep_until_stopped, "ignore": ignore_the_stop,
               "slow_start": start_slowly}[sys.argv[1]]
     start_s = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
-    args = (SlowToStart(start_s),) if target is start_slowly else ()
+    # "big": 4 MiB more behind the slow argument, more than a pipe holds, so the launcher is
+    # still writing a rank's arguments (starting the ranks) while that rank unpickles slowly.
+    payload = (bytes(4 << 20),) if "big" in sys.argv[4:] else ()
+    args = (SlowToStart(start_s), *payload) if target is start_slowly else ()
     try:
         spawn(target, args=args, devices="cpu", nprocs=2, grace_s=float(sys.argv[2]))
     except JobStopped as e:

@@ -445,16 +445,19 @@ def test_a_stop_while_the_ranks_start_is_a_stop_not_a_failure(tmp_path, to):
         job.wait()
 
 
-def test_ctrl_c_while_the_ranks_start_is_one_line_and_a_stop(tmp_path):
-    # Ctrl-C reaches the whole process group while both ranks still unpickle their arguments
+@pytest.mark.parametrize("launcher", ["started the ranks", "still starting them"])
+def test_ctrl_c_while_the_ranks_start_is_one_line_and_a_stop(launcher, tmp_path):
+    # Ctrl-C reaches the whole process group while the ranks still unpickle their arguments
     # (as ranks still importing torch would): no KeyboardInterrupt traceback in them; they
-    # hear the stop once their handlers exist and end before their function runs.
+    # hear the stop once their handlers exist and end before their function runs. Still
+    # starting them (writing a rank's arguments), the launcher holds the signal: not lost.
     log = tmp_path / "log.txt"
+    still = launcher == "still starting them"
     job = start([sys.executable, str(REPO / "tests" / "_stop_ranks.py"), "slow_start", "30",
-                 "3"], log)
+                 "3"] + (["big"] if still else []), log)
     try:
         deadline = time.monotonic() + 60
-        while log.read_text().count("rank starting") < 2:
+        while log.read_text().count("rank starting") < (1 if still else 2):
             assert job.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         os.killpg(job.pid, signal.SIGINT)

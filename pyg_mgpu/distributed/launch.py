@@ -33,8 +33,7 @@ from pyg_mgpu.distributed.devices import (
 )
 from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
 from pyg_mgpu.distributed.process_group import process_group, torchrun_process_group
-from pyg_mgpu.distributed.reports import (announced_stop, exit_stopped, new_report_dir,
-                                          reported)
+from pyg_mgpu.distributed.reports import exit_stopped, new_report_dir, reported
 from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S
 from pyg_mgpu.distributed.watch import LauncherSignals, raise_for, watch_ranks
 
@@ -48,8 +47,7 @@ def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_m
     ``fn`` starts (joining the group) is reported the same way."""
     stop.install_rank_handlers(grace_s, launcher_pid)
     with reported(report_dir, rank):  # before fn started, or while leaving the group
-        if signum := announced_stop(report_dir):  # it came while SIGINT was ignored here
-            os.kill(os.getpid(), signum)  # through the handler, as if it came now
+        stop.release_sigint()  # a Ctrl-C held while this rank started: a stop now
         if tune_allocator:
             tune_cpu_allocator()
         set_thread_budget(len(devices))
@@ -87,9 +85,9 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     thp_before = os.environ.get("THP_MEM_ALLOC_ENABLE")
     os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
-        with LauncherSignals(grace_s, report_dir) as signals:
+        with LauncherSignals(grace_s) as signals:
             stop.start_resource_tracker()
-            with stop.children_start_ignoring_sigint():
+            with stop.children_start_holding_sigint():
                 context = mp.start_processes(
                     _rank_entry, args=(fn, list(devices), init_method, timeout_s, report_dir,
                                        tune_allocator, args, backend, grace_s, os.getpid()),

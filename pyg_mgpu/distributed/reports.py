@@ -48,22 +48,6 @@ def reported(report_dir: str, rank: int) -> Iterator[None]:
         report_failure_and_exit(report_dir, rank)
 
 
-def announce_stop(report_dir: str, signum: int) -> None:
-    """The launcher's stop signal, for ranks that start after it came (see
-    :func:`announced_stop`)."""
-    Path(report_dir, "launcher-stop").write_text(str(signum))
-
-
-def announced_stop(report_dir: str) -> int:
-    """The stop signal the launcher received (its number), or 0: a rank that started with
-    SIGINT ignored (:func:`~pyg_mgpu.distributed.stop.children_start_ignoring_sigint`) may
-    have missed it."""
-    try:
-        return int(Path(report_dir, "launcher-stop").read_text())
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 def report_stop(report_dir: str, rank: int, signum: int) -> None:
     stop.finishing()
     Path(report_dir, f"stop{rank}").write_text(str(signum))

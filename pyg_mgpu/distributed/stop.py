@@ -152,25 +152,33 @@ def start_resource_tracker() -> None:
 
 
 @contextlib.contextmanager
-def children_start_ignoring_sigint() -> Iterator[None]:
-    """Processes started in the body begin with SIGINT ignored (an ignored signal stays
-    ignored through ``exec``; a handler does not), until :func:`install_rank_handlers`.
+def children_start_holding_sigint() -> Iterator[None]:
+    """Processes started in the body begin with SIGINT blocked (a signal mask survives exec),
+    until :func:`release_sigint` after their handlers exist.
 
     A Ctrl-C reaches the terminal's whole process group. A spawned rank that is still starting
     (importing torch, unpickling its arguments) would otherwise raise ``KeyboardInterrupt``
-    there: a traceback per rank, or an abort inside a C++ import. The launcher announces its
-    own stop to such ranks (:func:`~pyg_mgpu.distributed.reports.announce_stop`), and they act
-    on it once their handlers exist. This process ignores SIGINT meanwhile too: the few
-    milliseconds the ranks take to start (4.5 ms for 2 CPU ranks).
+    there: a traceback per rank, or an abort inside a C++ import. Blocked, the signal waits,
+    pending, and the rank stops on it as soon as it can handle it. This thread holds SIGINT for
+    the body too, and handles a Ctrl-C that came meanwhile when the body ends: nothing is lost.
+    Start the resource tracker first (:func:`start_resource_tracker`): starting it unblocks
+    SIGINT in this thread.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # Python sets dispositions from the main thread only
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
         return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def release_sigint() -> None:
+    """Delivers a SIGINT that :func:`children_start_holding_sigint` held while this process
+    started (to the handlers now installed), and every later one."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def install_rank_handlers(grace_s: float = DEFAULT_GRACE_S,

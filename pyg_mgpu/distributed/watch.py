@@ -14,8 +14,7 @@ from typing import Optional
 
 from pyg_mgpu.distributed import stop
 from pyg_mgpu.distributed.context import JobStopped, RankFailed
-from pyg_mgpu.distributed.reports import (announce_stop, done_reports, failure_reports,
-                                          stop_reports)
+from pyg_mgpu.distributed.reports import done_reports, failure_reports, stop_reports
 
 LAUNCHER_GRACE_MARGIN_S = 2.0
 # The same signal again this soon is one stop delivered twice, not a second one: GNU timeout
@@ -31,9 +30,8 @@ class LauncherSignals:
     period at once.
     """
 
-    def __init__(self, grace_s: float, report_dir: Optional[str] = None):
+    def __init__(self, grace_s: float):
         self.grace_s = grace_s
-        self.report_dir = report_dir  # where the stop is announced to ranks still starting
         self.signum = 0
         self.signalled_at: Optional[float] = None
         self.deadline: Optional[float] = None
@@ -62,8 +60,6 @@ class LauncherSignals:
         # Each rank's own watchdog ends it after grace_s; this is the backstop for a rank whose
         # watchdog cannot run (a C call that never releases the GIL).
         self.deadline = now + self.grace_s + LAUNCHER_GRACE_MARGIN_S
-        if self.report_dir is not None:  # before forwarding: a rank reads it once it can hear
-            announce_stop(self.report_dir, signum)
         self.forward()
 
     def forward(self) -> None:
