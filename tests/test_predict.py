@@ -239,6 +239,23 @@ def test_resume_of_finished_outputs_computes_nothing_and_checks_the_model(tmp_pa
         predictions.check_resume(other, data, tmp_path, **options)
     with pytest.raises(ValueError, match="other embeddings"):
         pyg_mgpu.predict(model, data, tmp_path, batch_size=50, resume=True)
+    # Stopped after the last layer, before the embeddings and node ids were put in place: a
+    # resume is not finished yet, and finishes without computing a layer again.
+    monkeypatch.undo()
+    finish = predictions._Run.finish
+
+    def stopped(run):
+        raise Interrupted
+    monkeypatch.setattr(predictions._Run, "finish", stopped)
+    with pytest.raises(Interrupted):
+        pyg_mgpu.predict(model, data, tmp_path, **options)
+    assert not predictions.check_resume(model, data, tmp_path, **options)
+    monkeypatch.setattr(predictions._Run, "finish", finish)
+    monkeypatch.setattr(predictions._Run, "_run_layer", no_layer)
+    again = pyg_mgpu.predict(model, data, tmp_path, resume=True, **options)
+    assert torch.equal(tensor(again.logits[:]), logits)
+    assert again.embeddings.shape == (NUM_NODES, 16) and again.node_ids.shape == (NUM_NODES,)
+    assert not (tmp_path / predictions.LAYERS).exists()
     # Started afresh (no resume), the outputs are computed again.
     monkeypatch.undo()
     assert not predictions.check_resume(model, data, tmp_path / "elsewhere", **options)

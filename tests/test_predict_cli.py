@@ -40,7 +40,7 @@ def run_graph_and_model(run_dir):
 
 
 @pytest.mark.slow
-def test_a_runs_predictions_on_two_ranks_give_its_exact_accuracies(run_dir, tmp_path):
+def test_a_runs_predictions_on_two_ranks_give_its_exact_accuracies(run_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([str(run_dir), "--out", str(out), "--outputs", "logits,probabilities,labels",
                  "--embeddings", "1", "--batch-size", "200", "--devices", "cpu",
@@ -62,6 +62,16 @@ def test_a_runs_predictions_on_two_ranks_give_its_exact_accuracies(run_dir, tmp_
     hidden = torch.relu(model.convs[0](graph.x, edge_index))
     torch.testing.assert_close(torch.from_numpy(np.load(out / "embeddings.npy")), hidden,
                                rtol=0, atol=1e-4)
+    # Resumed once finished: nothing computed, no rank started, the same summary.
+    written = {name: (out / name).stat().st_mtime_ns for name in ("logits.npy", "labels.npy")}
+    capsys.readouterr()
+    assert main([str(run_dir), "--out", str(out), "--outputs", "logits,probabilities,labels",
+                 "--embeddings", "1", "--batch-size", "200", "--devices", "cpu",
+                 "--nprocs", "2", "--resume"]) == 0
+    assert "holds these predictions whole already: nothing to compute" in capsys.readouterr().out
+    assert {name: (out / name).stat().st_mtime_ns for name in written} == written
+    again = json.loads((out / "predictions.json").read_text())
+    assert again["accuracy"] == summary["accuracy"] and again["files"] == summary["files"]
 
 
 @pytest.mark.slow
@@ -212,4 +222,4 @@ def test_resuming_layers_of_another_model_or_data_is_one_error_line(other, heter
     monkeypatch.undo()
     err = error_of([str(folder), "--out", str(out), "--resume", "--devices", "cpu",
                     "--nprocs", "1"], capsys)
-    assert f"holds layers computed with other {other}; start afresh" in err
+    assert f"holds layers or outputs computed with other {other}; start afresh" in err

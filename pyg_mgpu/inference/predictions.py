@@ -140,9 +140,12 @@ def check_resume(model: torch.nn.Module, data, out: Union[str, Path], *,
         ValueError: naming what differs.
     """
     plan = Plan(model, data, Path(out), **options)
-    before = _recorded_manifest(plan)
-    _same_manifest(plan.out, before, plan.manifest(model, key))
-    return before is not None and plan.finished_layers() == plan.num_layers
+    _same_manifest(plan.out, _recorded_manifest(plan), plan.manifest(model, key))
+    # Finished: the outputs' manifest is written before the layers folder goes; a folder that
+    # still has its layers' manifest stopped before the end (embeddings and node ids to move).
+    return (store.read_manifest(plan.folder) is None
+            and store.read_manifest(plan.out) is not None
+            and plan.finished_layers() == plan.num_layers)
 
 
 def _recorded_manifest(plan: Plan) -> Optional[dict]:
@@ -155,8 +158,9 @@ def _same_manifest(out: Path, before: Optional[dict], manifest: dict) -> None:
     if before is not None and before != manifest:
         differ = sorted(k for k in manifest.keys() | before.keys()
                         if manifest.get(k) != before.get(k))
-        raise ValueError(f"{out} holds layers computed with other {', '.join(differ)}; start "
-                         "afresh there (without resume) or write to another folder.")
+        raise ValueError(f"{out} holds layers or outputs computed with other "
+                         f"{', '.join(differ)}; start afresh there (without resume) or write "
+                         "to another folder.")
 
 
 class _Run:
