@@ -29,6 +29,18 @@ def test_means_over_the_batches_drawn():
         measure_batches([], batches=2)
 
 
+class InPlaceLoader(list):
+    """Batches without x, whose rows the model reads from the loader's feature table."""
+    feature_table = torch.zeros(100, 5, dtype=torch.bfloat16)
+
+
+def test_batches_read_in_place_count_the_rows_their_node_ids_name():
+    loader = InPlaceLoader([SimpleNamespace(num_sampled_nodes=[2, 3], num_sampled_edges=[6],
+                                            n_id=torch.arange(5), x=None)])
+    result = measure_batches(loader, batches=1)
+    assert result["feature_bytes"] == 5 * 5 * 2 and result["feature_row_bytes"] == 10
+
+
 @pytest.mark.parametrize("amp, row_bytes", [("none", 8 * 4), ("bf16", 8 * 2)])
 def test_the_clis_loader_is_measured(amp, row_bytes):
     result = batch_sizes(TrainConfig.from_flags(**SMALL, amp=amp), batches=3)

@@ -24,14 +24,20 @@ from pyg_mgpu.tools.cli import Parser, add_setting_flags
 def measure_batches(loader, batches: int) -> dict:
     """Per hop, the mean new nodes and sampled edges of the loader's first ``batches``
     batches (fewer in a shorter epoch), and the mean nodes, edges and feature bytes a batch
-    gathers."""
+    gathers. A loader whose batches carry no ``x`` (``--fused-aggregation`` reading the
+    ``feature_table`` in place) counts the bytes of the rows its ``n_id`` name, which the first
+    layer reads instead."""
+    table = getattr(loader, "feature_table", None)
     nodes, edges, feature_bytes = [], [], []
     for i, batch in enumerate(loader):
         if i == batches:
             break
         nodes.append([int(n) for n in batch.num_sampled_nodes])
         edges.append([int(e) for e in batch.num_sampled_edges])
-        feature_bytes.append(batch.x.numel() * batch.x.element_size())
+        if table is None:
+            feature_bytes.append(batch.x.numel() * batch.x.element_size())
+        else:
+            feature_bytes.append(batch.n_id.numel() * table[0].numel() * table.element_size())
     if not nodes:
         raise ValueError("the loader gave no batch: the training split is empty")
 
