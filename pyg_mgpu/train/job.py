@@ -73,16 +73,28 @@ def run(cfg: TrainConfig) -> Path:
     from pyg_mgpu.train.run_folder import claim_run_folder
 
     requested = cfg.outputs.out or cfg.faults.resume
-    created = not requested or not Path(requested).exists()
+    created = _made_here(requested)
     out = make_out_dir(requested)
     cfg.outputs.out = str(out)  # the folder chosen is the one recorded
-    try:
-        with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
+    with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
+        try:
             return _start(cfg, out)
-    except (ConfigError, ValueError, OSError):
-        if created:  # refused before any rank ran: no empty run folder left behind
-            _remove_if_unused(out)
-        raise
+        except (ConfigError, ValueError, OSError):
+            if created:  # refused before any rank ran: no empty run folder left behind
+                _remove_if_unused(out)  # under the lock: no other run holds it
+            raise
+
+
+def _made_here(requested: Optional[str]) -> bool:
+    """Whether this run makes its folder: no ``--out`` (a new ``runs/<timestamp>``), or an
+    ``--out`` that this call's own ``mkdir`` creates (another run may create it at once)."""
+    if not requested:
+        return True
+    try:
+        Path(requested).mkdir(parents=True)
+    except OSError:  # there already, or not makeable: make_out_dir says why
+        return False
+    return True
 
 
 def _remove_if_unused(out: Path) -> None:
