@@ -138,7 +138,8 @@ def test_end_to_end_run_writes_complete_outputs(tmp_path):
     # What ran, every default resolved; the config keeps what was asked (None: the default).
     assert metrics["plan"] == {"sampler": "native", "graph_on": "cpu", "sample_batches": 1,
                                "prefetch": 0, "feature_cache_gb": 0, "eval_batch_size": 128,
-                               "backend": "gloo", "matmul_precision": "highest"}
+                               "backend": "gloo", "matmul_precision": "highest",
+                               "fused_aggregation": "off"}
     assert metrics["config"]["sample_batches"] is None and metrics["config"]["sampler"] == "auto"
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     for e in metrics["epochs"]:
