@@ -32,19 +32,31 @@ from pyg_mgpu.train.loaders import resolve_sampler
 def make_out_dir(out: Optional[str]) -> Path:
     """``--out``, created and checked writable; without it a new ``runs/<timestamp>`` (with a
     suffix when a run started in the same second has it)."""
+    return _make_out_dir(out)[0]
+
+
+def _make_out_dir(out: Optional[str]) -> tuple[Path, bool]:
+    """:func:`make_out_dir`, and whether this call's own ``mkdir`` created the folder (another
+    run may create the same ``--out`` at once: only one ``mkdir`` succeeds)."""
     path = Path(out) if out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     try:
         if out:
-            path.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir(parents=True)
+                created = True
+            except FileExistsError:
+                if not path.is_dir():
+                    raise
+                created = False
         else:
-            path = _new_folder(path)
+            path, created = _new_folder(path), True
         probe = path / f".write-test-{os.getpid()}"  # by pid: never another process's
         probe.write_text("")
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"--out {path}: cannot write there ({e.strerror}); choose a "
                           "writable folder.")
-    return path
+    return path, created
 
 
 def _new_folder(path: Path) -> Path:
@@ -72,9 +84,7 @@ def run(cfg: TrainConfig) -> Path:
         return _start(cfg, None)
     from pyg_mgpu.train.run_folder import claim_run_folder
 
-    requested = cfg.outputs.out or cfg.faults.resume
-    created = _made_here(requested)
-    out = make_out_dir(requested)
+    out, created = _make_out_dir(cfg.outputs.out or cfg.faults.resume)
     cfg.outputs.out = str(out)  # the folder chosen is the one recorded
     with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
         try:
@@ -83,18 +93,6 @@ def run(cfg: TrainConfig) -> Path:
             if created:  # refused before any rank ran: no empty run folder left behind
                 _remove_if_unused(out)  # under the lock: no other run holds it
             raise
-
-
-def _made_here(requested: Optional[str]) -> bool:
-    """Whether this run makes its folder: no ``--out`` (a new ``runs/<timestamp>``), or an
-    ``--out`` that this call's own ``mkdir`` creates (another run may create it at once)."""
-    if not requested:
-        return True
-    try:
-        Path(requested).mkdir(parents=True)
-    except OSError:  # there already, or not makeable: make_out_dir says why
-        return False
-    return True
 
 
 def _remove_if_unused(out: Path) -> None:
