@@ -140,11 +140,10 @@ def start_resource_tracker() -> None:
     quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
     before_env = os.environ.get("PYTHONWARNINGS")
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before_env, quiet]))
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
-        resource_tracker.ensure_running()  # started with this environment and mask
+        with _blocked({signal.SIGHUP}):
+            resource_tracker.ensure_running()  # started with this environment and mask
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
         if before_env is None:
             os.environ.pop("PYTHONWARNINGS", None)
         else:
@@ -164,10 +163,18 @@ def children_start_holding_sigint() -> Iterator[None]:
     Start the resource tracker first (:func:`start_resource_tracker`): starting it unblocks
     SIGINT in this thread.
     """
+    with _blocked({signal.SIGINT}):
+        yield
+
+
+@contextlib.contextmanager
+def _blocked(signals: set) -> Iterator[None]:
+    """``signals`` blocked in this thread for the body, and in processes it starts (a signal
+    mask survives exec); one that arrives meanwhile waits, pending, and is handled after."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
