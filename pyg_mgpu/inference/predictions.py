@@ -140,17 +140,17 @@ def check_resume(model: torch.nn.Module, data, out: Union[str, Path], *,
         ValueError: naming what differs.
     """
     plan = Plan(model, data, Path(out), **options)
-    _same_manifest(plan.out, _recorded_manifest(plan), plan.manifest(model, key))
+    layers, outputs = store.read_manifest(plan.folder), store.read_manifest(plan.out)
+    _same_manifest(plan.out, layers or outputs, plan.manifest(model, key))
     # Finished: the outputs' manifest is written before the layers folder goes; a folder that
     # still has its layers' manifest stopped before the end (embeddings and node ids to move).
-    return (store.read_manifest(plan.folder) is None
-            and store.read_manifest(plan.out) is not None
+    return (layers is None and outputs is not None
             and plan.finished_layers() == plan.num_layers)
 
 
 def _recorded_manifest(plan: Plan) -> Optional[dict]:
     """What the layers in ``out`` were computed from, or, once they are done and removed,
-    the finished outputs."""
+    the finished outputs (as :func:`check_resume` reads them)."""
     return store.read_manifest(plan.folder) or store.read_manifest(plan.out)
 
 
