@@ -90,6 +90,22 @@ def test_more_than_4_cpu_ranks_per_core_are_refused_before_the_data_loads(tmp_pa
     assert not (tmp_path / "new").exists()
 
 
+def test_ctrl_c_while_the_data_loads_leaves_no_empty_run_folder(tmp_path, capsys, monkeypatch):
+    from pyg_mgpu.train import job
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(job, "load_checked", interrupted)
+    monkeypatch.chdir(tmp_path)
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "2", "--out", "new"]) == 130
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "2"]) == 130  # runs/<timestamp>
+    assert capsys.readouterr().err.split() == "error: stopped by SIGINT".split() * 2
+    assert not (tmp_path / "new").exists() and list((tmp_path / "runs").iterdir()) == []
+    (tmp_path / "mine").mkdir()  # a folder the user made stays
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "2", "--out", "mine"]) == 130
+    assert (tmp_path / "mine").is_dir()
+
+
 def test_unwritable_out_is_reported(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -89,8 +89,8 @@ def run(cfg: TrainConfig) -> Path:
     with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
         try:
             return _start(cfg, out)
-        except (ConfigError, ValueError, OSError):
-            if created:  # refused before any rank ran: no empty run folder left behind
+        except BaseException:  # refused, stopped or failed: no empty run folder left behind
+            if created:
                 _remove_if_unused(out)  # under the lock: no other run holds it
             raise
 
