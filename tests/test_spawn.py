@@ -1,4 +1,5 @@
 """pyg_mgpu's public launcher: ranks with their context, a graph shared once, failures, torchrun."""
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -72,6 +73,7 @@ def _ended(exit_codes: list) -> list:
     """Processes that have all ended, each by ``os._exit(code)``, or killed by ``-code``."""
     def end(code):
         if code < 0:
+            faulthandler.disable()  # a death on purpose: no "Fatal Python error" dump
             os.kill(os.getpid(), -code)
         os._exit(code)
     processes = [multiprocessing.get_context("fork").Process(target=end, args=(code,))
