@@ -96,10 +96,15 @@ def run(cfg: TrainConfig) -> Path:
 
 
 def _remove_if_unused(out: Path) -> None:
-    """Deletes ``out`` if nothing but the run's lock is in it."""
+    """Deletes ``out`` if nothing but the run's lock is in it. Called while an error is on its
+    way to the user: a folder it cannot read is left as it is, and that error goes on."""
     from pyg_mgpu.train.run_folder import LOCK
 
-    if {p.name for p in out.iterdir()} <= {LOCK}:
+    try:
+        unused = {p.name for p in out.iterdir()} <= {LOCK}
+    except OSError:
+        return
+    if unused:
         shutil.rmtree(out, ignore_errors=True)
 
 
