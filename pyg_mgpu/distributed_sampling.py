@@ -83,6 +83,8 @@ def _checkpoint_note(cfg) -> str:
     if cfg is None or not cfg.outputs.out:  # stopped before the folder was chosen
         return "no checkpoint (the job stopped before writing one)"
     run_dir = Path(cfg.outputs.out)  # set once the folder was chosen, before any rank ran
+    if not run_dir.is_dir():  # made for this run and removed again, as nothing was written
+        return "no checkpoint (the job stopped before writing one)"
     path = run_dir / CHECKPOINT
     try:
         import torch

@@ -106,6 +106,17 @@ def test_ctrl_c_while_the_data_loads_leaves_no_empty_run_folder(tmp_path, capsys
     assert (tmp_path / "mine").is_dir()
 
 
+def test_the_stop_line_names_only_a_run_folder_that_is_there(tmp_path):
+    from pyg_mgpu.distributed_sampling import _checkpoint_note
+    from pyg_mgpu.train.config import TrainConfig
+
+    kept = TrainConfig.from_flags(out=str(tmp_path))
+    assert _checkpoint_note(kept) == (f"no checkpoint in {tmp_path} (the job stopped before "
+                                      "writing one)")
+    removed = TrainConfig.from_flags(out=str(tmp_path / "removed"))
+    assert _checkpoint_note(removed) == "no checkpoint (the job stopped before writing one)"
+
+
 def test_unwritable_out_is_reported(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
