@@ -80,11 +80,11 @@ def _checkpoint_note(cfg) -> str:
     """Where a stopped run's checkpoint is and how to continue from it, in one clause."""
     from pyg_mgpu.train.checkpoint import CHECKPOINT, describe
 
-    if cfg is None or not cfg.outputs.out:  # stopped before the folder was chosen
+    # cfg.outputs.out is set once the folder was chosen, before any rank ran; a folder made for
+    # the run is removed again where nothing was written.
+    if cfg is None or not cfg.outputs.out or not Path(cfg.outputs.out).is_dir():
         return "no checkpoint (the job stopped before writing one)"
-    run_dir = Path(cfg.outputs.out)  # set once the folder was chosen, before any rank ran
-    if not run_dir.is_dir():  # made for this run and removed again, as nothing was written
-        return "no checkpoint (the job stopped before writing one)"
+    run_dir = Path(cfg.outputs.out)
     path = run_dir / CHECKPOINT
     try:
         import torch

@@ -140,18 +140,18 @@ def check_resume(model: torch.nn.Module, data, out: Union[str, Path], *,
         ValueError: naming what differs.
     """
     plan = Plan(model, data, Path(out), **options)
-    layers, outputs = store.read_manifest(plan.folder), store.read_manifest(plan.out)
-    _same_manifest(plan.out, layers or outputs, plan.manifest(model, key))
-    # Finished: the outputs' manifest is written before the layers folder goes; a folder that
-    # still has its layers' manifest stopped before the end (embeddings and node ids to move).
-    return (layers is None and outputs is not None
-            and plan.finished_layers() == plan.num_layers)
+    before, outputs_only = _recorded_manifest(plan)
+    _same_manifest(plan.out, before, plan.manifest(model, key))
+    return outputs_only and plan.finished_layers() == plan.num_layers
 
 
-def _recorded_manifest(plan: Plan) -> Optional[dict]:
+def _recorded_manifest(plan: Plan) -> tuple[Optional[dict], bool]:
     """What the layers in ``out`` were computed from, or, once they are done and removed,
-    the finished outputs (as :func:`check_resume` reads them)."""
-    return store.read_manifest(plan.folder) or store.read_manifest(plan.out)
+    the finished outputs; and whether it is the outputs' alone (finished: the outputs'
+    manifest is written before the layers folder goes, so a folder that still has its layers'
+    manifest stopped before the end, with embeddings and node ids still to move)."""
+    layers, outputs = store.read_manifest(plan.folder), store.read_manifest(plan.out)
+    return layers or outputs, layers is None and outputs is not None
 
 
 def _same_manifest(out: Path, before: Optional[dict], manifest: dict) -> None:
@@ -197,7 +197,7 @@ class _Run:
         store.remove_partials(self.plan.out)
         store.remove_partials(self.plan.folder)
         if resume:
-            before = _recorded_manifest(self.plan)
+            before, _ = _recorded_manifest(self.plan)
             _same_manifest(self.plan.out, before, manifest)
             if before is not None:
                 return True
