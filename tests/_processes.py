@@ -89,6 +89,13 @@ def ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def default_sigint() -> None:
+    """A terminal's foreground job's starting state: SIGINT at its default, whatever the test
+    command started with (``nohup pytest &`` ignores it, and an ignored signal stays ignored
+    through exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for_library(job: subprocess.Popen, name: str, timeout_s: float) -> None:
     """Returns once ``job`` has mapped a shared library whose path holds ``name`` (``libtorch``:
     the process is inside ``import torch``)."""

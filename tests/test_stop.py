@@ -24,8 +24,8 @@ from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.train.checkpoint import CHECKPOINT
 
 import _stop_ranks
-from _processes import (group_members, ignore_sigint, kill_group, wait_for_exit,
-                        wait_for_library, wait_for_output, wait_until_gone)
+from _processes import (default_sigint, group_members, ignore_sigint, kill_group,
+                        wait_for_exit, wait_for_library, wait_for_output, wait_until_gone)
 
 pytestmark = pytest.mark.slow
 
@@ -276,7 +276,8 @@ def test_ctrl_c_while_torch_loads_is_one_line(tmp_path):
     log = tmp_path / "log.txt"
     with log.open("w") as err:
         job = subprocess.Popen(CLI + ARGS + ["--out", str(tmp_path / "run")], stdout=err,
-                               stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+                               stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                               preexec_fn=default_sigint)
     try:
         wait_for_library(job, "libtorch", timeout_s=60)
         job.send_signal(signal.SIGINT)
