@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pyg_mgpu.distributed.host import exit_without_teardown
 from pyg_mgpu.distributed_sampling import build_parser as build_train_parser
 from pyg_mgpu.tools.compare_dgl import (DEFAULT_TOLERANCE, EXIT_ACCURACY_GAP, EXIT_BAD_INPUT,
                                         EXIT_SIDE_FAILED, FIXED_FLAGS, CompareError,
@@ -93,4 +94,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pyg_mgpu.distributed.host import exit_without_teardown
 from pyg_mgpu.tools.cli import Parser, add_setting_flags, stopped_at_start_is_one_line
 
 # torch, PyG and the rest of the package are imported inside the functions, under main()'s
@@ -95,4 +96,4 @@ def _checkpoint_note(cfg) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pyg_mgpu.distributed.host import exit_without_teardown
 from pyg_mgpu.tools.cli import Parser, stopped_at_start_is_one_line
 
 # torch and the package's layers are imported inside the functions, as the training CLI does.
@@ -319,7 +320,7 @@ def run(args) -> dict:
         print(f"{graph.summary()} | {cfg.model.model}, {cfg.training.num_layers} layers | "
               f"{len(devices)} rank(s) on {devices[0].type} | writing to {out}", flush=True)
         launch_local(_predict_rank, devices, args=(model, graph, str(out), options),
-                     timeout_s=args.timeout_s, backend=args.backend)
+                     timeout_s=args.timeout_s, backend=args.backend, skip_teardown=True)
     opened = Predictions.load(out, stack.outputs(0) if graph.is_hetero else None)
     target_folder = out / graph.target if graph.is_hetero else out
     summary = {
@@ -371,4 +372,4 @@ def _main(argv: Optional[Sequence[str]]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

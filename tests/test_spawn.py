@@ -3,6 +3,8 @@ import faulthandler
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +17,7 @@ import pyg_mgpu.distributed.watch as watch
 from pyg_mgpu.data.csc import cached_csc
 from pyg_mgpu.distributed.context import JobStopped, RankFailed
 from pyg_mgpu.distributed.devices import free_port
-from pyg_mgpu.distributed.launch import spawn
+from pyg_mgpu.distributed.launch import launch_local, spawn
 
 import _spawn_ranks
 
@@ -193,11 +195,51 @@ def test_a_crash_after_every_rank_finished_its_work_does_not_fail_the_job(tmp_pa
         watch.raise_for(outcome, 0, str(tmp_path), grace_s=2)
 
 
+_EXIT_PROBE = """
+import atexit, sys, threading, time
+from pathlib import Path
+from pyg_mgpu.distributed.host import exit_without_teardown
+out = Path(sys.argv[1])
+
+class Teardown:
+    def __del__(self):
+        (out / "teardown").touch()
+
+kept = Teardown()  # a module global: only the interpreter's teardown finalizes it
+atexit.register((out / "atexit").touch)
+threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").touch())).start()
+print("flushed", end="")
+{exit}(3)
+"""
+
+
+@pytest.mark.parametrize("exit", ["exit_without_teardown", "sys.exit"])
+def test_an_exit_without_teardown_is_an_exit_less_the_modules_teardown(tmp_path, exit):
+    ended = subprocess.run([sys.executable, "-c", _EXIT_PROBE.format(exit=exit), str(tmp_path)],
+                           capture_output=True, text=True, timeout=120)
+    assert (ended.returncode, ended.stdout) == (3, "flushed"), ended.stderr
+    left = {p.name for p in tmp_path.iterdir()}
+    # Exit handlers ran, a thread that is not a daemon was waited for, output was flushed...
+    assert {"atexit", "thread"} <= left
+    # ... and only sys.exit's teardown finalized the module's objects.
+    assert ("teardown" in left) == (exit == "sys.exit")
+
+
+@pytest.mark.slow
+def test_ranks_skip_the_teardown_only_when_asked(tmp_path):
+    for skip in (False, True):
+        folder = tmp_path / str(skip)
+        folder.mkdir()
+        launch_local(_spawn_ranks.mark_exit_and_teardown, [torch.device("cpu")] * 2,
+                     args=(str(folder),), skip_teardown=skip)
+        assert (folder / "atexit0").exists() and (folder / "atexit1").exists(), skip
+        finalized = [(folder / f"teardown{rank}").read_text() == "finalized" for rank in (0, 1)]
+        assert finalized == [not skip] * 2, skip
+
+
 def test_a_launch_removes_the_report_folders_of_launchers_that_no_longer_exist(monkeypatch,
                                                                                tmp_path):
     # A job SIGKILLed as a whole (its process group) leaves its folder behind.
-    import subprocess
-    import sys
     import tempfile
 
     from pyg_mgpu.distributed.reports import REPORT_DIR_PREFIX, new_report_dir

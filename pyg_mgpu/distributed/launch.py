@@ -31,7 +31,8 @@ from pyg_mgpu.distributed.devices import (
     resolve_backend,
     resolve_devices,
 )
-from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
+from pyg_mgpu.distributed.host import (exit_without_teardown, set_thread_budget,
+                                      tune_cpu_allocator)
 from pyg_mgpu.distributed.process_group import process_group, torchrun_process_group
 from pyg_mgpu.distributed.reports import exit_stopped, new_report_dir, reported
 from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S
@@ -41,10 +42,11 @@ from pyg_mgpu.distributed.watch import LauncherSignals, raise_for, watch_ranks
 def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_method: str,
                 timeout_s: float, report_dir: str, tune_allocator: bool, args: tuple,
                 backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S,
-                launcher_pid: Optional[int] = None) -> None:
+                launcher_pid: Optional[int] = None, skip_teardown: bool = False) -> None:
     """One rank: ``fn`` in the process group, and a file in ``report_dir`` saying how it ended
     (``done``, ``stop`` or ``rank``: failed), which the launcher reads. A failure or stop before
-    ``fn`` starts (joining the group) is reported the same way."""
+    ``fn`` starts (joining the group) is reported the same way. ``skip_teardown``: see
+    :func:`launch_local`."""
     stop.install_rank_handlers(grace_s, launcher_pid)
     with reported(report_dir, rank):  # before fn started, or while leaving the group
         stop.release_sigint()  # a Ctrl-C held while this rank started: a stop now
@@ -60,11 +62,14 @@ def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_m
                 Path(report_dir, f"done{rank}").touch()
     if stop.requested():  # reported, out of the group: the job is ending, end promptly
         exit_stopped()
+    if skip_teardown:
+        exit_without_teardown(0)
 
 
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
                  timeout_s: float = DEFAULT_TIMEOUT_S, tune_allocator: bool = True,
-                 backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S) -> None:
+                 backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S, *,
+                 skip_teardown: bool = False) -> None:
     """Runs ``fn(ctx, *args)`` on one spawned process per device and waits for all of them.
 
     Tensors in ``args`` that live in shared memory are mapped, not copied, by every rank.
@@ -73,6 +78,9 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     seconds to end (see :mod:`pyg_mgpu.distributed.stop`); then :class:`JobStopped` names it.
     ``tune_allocator=False`` leaves the ranks' memory allocator as a plain script has it (for
     baselines: see :func:`tune_cpu_allocator`). ``backend``: see :data:`BACKENDS`.
+    ``skip_teardown=True`` ends each rank whose ``fn`` returned without the interpreter's
+    teardown of its modules (:func:`~pyg_mgpu.distributed.host.exit_without_teardown`), for a
+    ``fn`` that leaves nothing to it: the package's own rank functions, not a user's.
     """
     for device in devices:  # a bad backend fails here, not in every rank
         resolve_backend(backend, device)
@@ -90,7 +98,8 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
             with stop.children_start_holding_sigint():
                 context = mp.start_processes(
                     _rank_entry, args=(fn, list(devices), init_method, timeout_s, report_dir,
-                                       tune_allocator, args, backend, grace_s, os.getpid()),
+                                       tune_allocator, args, backend, grace_s, os.getpid(),
+                                       skip_teardown),
                     nprocs=len(devices), join=False, start_method="spawn")
             signals.processes = context.processes
             if signals.signum:  # it came while the ranks were starting

@@ -3,7 +3,6 @@
 with a system-wide monotonic clock so the earliest failure is named)."""
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pyg_mgpu.distributed import stop
+from pyg_mgpu.distributed.host import exit_without_teardown
 
 
 REPORT_DIR_PREFIX = "pyg_mgpu-failures-"
@@ -70,16 +70,12 @@ def report_failure_and_exit(report_dir: str, rank: int) -> None:
 
 
 def exit_stopped() -> None:
-    """Ends a rank that stopped on a signal, once its report is written: its exit handlers
-    run (``atexit``: multiprocessing's, the user's) and its output is flushed, but the
-    interpreter's teardown of torch's and PyG's modules is skipped. That teardown takes over
-    a second of CPU per rank, which ranks sharing few cores pay one after another between the
-    stop and the end of the job."""
+    """Ends a rank that stopped on a signal, once its report is written, without the
+    interpreter's teardown (:func:`~pyg_mgpu.distributed.host.exit_without_teardown`): ranks
+    sharing few cores would pay it one after another between the stop and the end of the
+    job."""
     stop.finishing()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown(0)
 
 
 def failure_reports(report_dir: str) -> dict[int, tuple[float, str]]:

@@ -150,6 +150,7 @@ def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
                  args=(graph, cfg, str(out), {"load_time_s": load_s,
                                               "data_fingerprint": fingerprint}),
                  timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
-                 grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu")
+                 grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu",
+                 skip_teardown=True)
     plot_run(out)
     return out
