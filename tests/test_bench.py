@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pyg_mgpu.tools import bench, sampler_bench
-from pyg_mgpu.train.loaders import pyg_sampler_available
+from pyg_mgpu.sampling.sampler_choice import pyg_sampler_available
 
 TINY = ["--num-nodes", "3000", "--num-edges", "30000", "--num-features", "8",
         "--num-classes", "4", "--hidden", "16", "--batch-size", "256"]

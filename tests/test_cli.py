@@ -190,6 +190,25 @@ def test_end_to_end_run_writes_complete_outputs(tmp_path):
     assert metrics["best_val_acc"] > 0.35 and metrics["test_acc"] > 0.35, metrics
 
 
+_PARENT_MODULES = ("import sys\n"
+                   "from pyg_mgpu.distributed_sampling import main\n"
+                   "code = main(sys.argv[1:])\n"
+                   "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch_geometric'))\n"
+                   "sys.exit(code)\n")
+
+
+@pytest.mark.slow
+def test_the_parent_of_a_run_never_loads_pyg(tmp_path):
+    # Only the ranks train with PyG; a parent that loaded it too would take seconds longer to
+    # start them. The run is the CLI's own main(); it prints which PyG modules it loaded.
+    proc = subprocess.run([sys.executable, "-c", _PARENT_MODULES, *TINY, "--epochs", "1",
+                           "--devices", "cpu", "--nprocs", "2", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "[]"
+    assert (tmp_path / "run" / "metrics.json").is_file()  # the ranks trained, with PyG
+
+
 @pytest.mark.slow
 def test_rank0_and_sharded_evaluation_agree(tmp_path):
     # With fanout -1 the evaluation sample is every neighbour: exact, whoever evaluates.

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
-from pyg_mgpu.train.loaders import pyg_sampler_available
+from pyg_mgpu.sampling.sampler_choice import pyg_sampler_available
 from pyg_mgpu.nn.sage import GraphSAGE
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 

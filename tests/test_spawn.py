@@ -19,6 +19,7 @@ from pyg_mgpu.distributed.context import JobStopped, RankFailed
 from pyg_mgpu.distributed.devices import free_port
 from pyg_mgpu.distributed.launch import launch_local, spawn
 
+import _exit_ranks
 import _spawn_ranks
 
 
@@ -230,7 +231,7 @@ def test_ranks_skip_the_teardown_only_when_asked(tmp_path):
     for skip in (False, True):
         folder = tmp_path / str(skip)
         folder.mkdir()
-        launch_local(_spawn_ranks.mark_exit_and_teardown, [torch.device("cpu")] * 2,
+        launch_local(_exit_ranks.mark_exit_and_teardown, [torch.device("cpu")] * 2,
                      args=(str(folder),), skip_teardown=skip)
         assert (folder / "atexit0").exists() and (folder / "atexit1").exists(), skip
         finalized = [(folder / f"teardown{rank}").read_text() == "finalized" for rank in (0, 1)]

@@ -1,9 +1,36 @@
-"""Datasets, the graph store every dataset is converted to, and its PyG ``Data`` form."""
-from .datasets import DATASETS, load_dataset, load_graph
-from .graph import ConvertedGraph
-from .stores import CachedGraph, open_stores
-from .synthetic import SyntheticSpec, make_synthetic
-from .validation import DatasetError
+"""Datasets, the graph store every dataset is converted to, and its PyG ``Data`` form.
 
-__all__ = ["CachedGraph", "DATASETS", "DatasetError", "ConvertedGraph", "SyntheticSpec",
-           "load_dataset", "load_graph", "make_synthetic", "open_stores"]
+The names below are imported when first used: a job's parent that loads a synthetic, ``.npz``
+or cached graph never imports PyG (a couple of seconds on every run), its ranks do.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "CachedGraph": "pyg_mgpu.data.stores",
+    "ConvertedGraph": "pyg_mgpu.data.graph",
+    "DATASETS": "pyg_mgpu.data.datasets",
+    "DatasetError": "pyg_mgpu.data.validation",
+    "SyntheticSpec": "pyg_mgpu.data.synthetic",
+    "load_dataset": "pyg_mgpu.data.datasets",
+    "load_graph": "pyg_mgpu.data.datasets",
+    "make_synthetic": "pyg_mgpu.data.synthetic",
+    "open_stores": "pyg_mgpu.data.stores",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:  # a submodule not imported yet (pyg_mgpu.data.cache) is found by import
+        raise AttributeError(f"module 'pyg_mgpu.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

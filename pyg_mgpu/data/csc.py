@@ -10,11 +10,13 @@ shared-memory handles), and every later sampler over the same ``Data`` reuses it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
+
+if TYPE_CHECKING:  # a job's parent builds CSCs without PyG
+    from torch_geometric.data import Data, HeteroData
 
 # Kept in the Data's __dict__ (not its storage), so PyG never slices, moves or lists it. The
 # transposed graph (out-edges, for sample_direction="backward") has a cache of its own.
@@ -266,6 +268,8 @@ def share_data(data: Data | HeteroData) -> Data | HeteroData:
         >>> data.x.is_shared(), data.edge_index.is_shared()
         (True, True)
     """
+    from torch_geometric.data import HeteroData
+
     if isinstance(data, HeteroData):
         cscs = [edge_type_csc(data, edge_type) for edge_type in data.edge_types]
         stores = data.stores

@@ -9,10 +9,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
-from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data import sources
 from pyg_mgpu.data.cache import cache_folder, load_cached
@@ -21,6 +20,9 @@ from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS, load_hetero_dataset
 from pyg_mgpu.data.sources import PLANETOID
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.data.validation import DatasetError
+
+if TYPE_CHECKING:  # a Data is made by PyG's own code (to_data, the hetero loaders)
+    from torch_geometric.data import Data, HeteroData
 
 DATASETS = ("synthetic", "cora", "citeseer", "pubmed", "reddit",
             "ogbn-arxiv", "ogbn-products", "ogbn-papers100M")

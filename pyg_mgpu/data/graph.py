@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
-from torch_geometric.utils import index_to_mask
 
 from pyg_mgpu.data.csc import CSC, EdgeChunks, attach_csc, csc_from_chunks, edge_chunks
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.data.sharing import MappedFile, check_shm_room
 from pyg_mgpu.data.validation import SPLITS, DatasetError, as_signed_ids, validate_node_data
+
+if TYPE_CHECKING:  # PyG is imported where a Data is made: a job's parent never needs it
+    from torch_geometric.data import Data
 
 NPZ_KEYS = ("edge_index", "x", "y") + SPLITS
 HALF_FEATURES = (torch.float16, torch.bfloat16)
@@ -150,6 +151,9 @@ class ConvertedGraph(TrainingGraph):
         ``num_classes`` (an int). Samplers given the ``Data`` read the attached CSC
         (:func:`~pyg_mgpu.data.csc.csc_of`) instead of sorting ``edge_index`` again.
         """
+        from torch_geometric.data import Data
+        from torch_geometric.utils import index_to_mask
+
         data = Data(x=self.x, y=self.y, edge_index=self.edge_index(),
                     num_classes=self.num_classes)
         for split in SPLITS:  # train_idx -> train_mask
@@ -167,6 +171,8 @@ class ConvertedGraph(TrainingGraph):
         empty ``edge_index`` is the slot PyG fills with each batch's sampled (row, col), and
         ``e_id`` are positions in :meth:`edge_index`'s order.
         """
+        from torch_geometric.data import Data
+
         slot = torch.empty(2, 0, dtype=torch.long, device=self.row.device)
         data = Data(y=self.y, edge_index=slot, num_nodes=self.num_nodes)
         if with_features:

@@ -15,15 +15,17 @@ PyG's recipes add with ``ToUndirected``, so that every node type receives messag
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import torch
-from torch_geometric.data import HeteroData
-
 from pyg_mgpu.data.downloads import ogb_guards, run_library
-from pyg_mgpu.data.hetero_graph import HeteroGraph
-from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec, make_synthetic_hetero
+
+if TYPE_CHECKING:  # PyG is imported when a heterogeneous graph is loaded, not for its names
+    from torch_geometric.data import HeteroData
+
+    from pyg_mgpu.data.hetero_graph import HeteroGraph
+    from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec
 
 HETERO_DATASETS = ("ogbn-mag", "synthetic-hetero")
 """Dataset names that :func:`pyg_mgpu.load_dataset` returns as a ``HeteroData``."""
@@ -36,6 +38,8 @@ def load_hetero_dataset(name: str, root: Union[str, Path, None] = None, *,
                         synthetic: Optional[SyntheticHeteroSpec] = None) -> HeteroData:
     """``ogbn-mag`` (from ``root``, default ``./data``) or ``synthetic-hetero``."""
     if name.lower() == "synthetic-hetero":
+        from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec, make_synthetic_hetero
+
         return make_synthetic_hetero(synthetic or SyntheticHeteroSpec(), seed=seed)
     return _load_ogbn_mag(Path(root) if root is not None else Path("data"))
 
@@ -44,6 +48,8 @@ def load_hetero_graph(name: str, root: Union[str, Path, None] = None, *,
                       seed: int = 0) -> HeteroGraph:
     """The dataset for training: every node type with features (:func:`fill_missing_features`),
     the labelled type (the one with ``y``) as the target."""
+    from pyg_mgpu.data.hetero_graph import HeteroGraph
+
     data = fill_missing_features(load_hetero_dataset(name, root, seed=seed))
     target = next(t for t in data.node_types if "y" in data[t])
     return HeteroGraph(name=name.lower(), data=data, target=target,
@@ -105,6 +111,8 @@ def _load_ogbn_mag(root: Path) -> HeteroData:
         with ogb_guards():
             dataset = NodePropPredDataset("ogbn-mag", root=str(r))
             return dataset, dataset.get_idx_split()
+
+    from torch_geometric.data import HeteroData
 
     dataset, split = run_library("ogbn-mag", root, folder, expected, _MAG_URL, build)
     graph, labels = dataset[0]

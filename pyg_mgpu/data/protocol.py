@@ -3,10 +3,12 @@
 :class:`~pyg_mgpu.data.hetero_graph.HeteroGraph` (heterogeneous) both declare."""
 from __future__ import annotations
 
-from typing import ClassVar, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, Union, runtime_checkable
 
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Data, HeteroData
 
 
 @runtime_checkable

@@ -21,7 +21,6 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.multiprocessing as mp
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
 
 from pyg_mgpu.data.csc import share_data
 from pyg_mgpu.distributed import stop
@@ -122,6 +121,8 @@ def share_args(args: Sequence) -> None:
     instead of each building their own. Other
     arguments, and tensors nested in containers, are pickled to each rank as they are.
     """
+    from torch_geometric.data import Data, HeteroData
+
     for arg in args:
         if isinstance(arg, (Data, HeteroData)):
             share_data(arg)

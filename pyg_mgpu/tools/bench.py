@@ -290,7 +290,7 @@ def _run(cmd: list[str], out: Path, train_nodes: Optional[int] = None,
 
 
 def run_training_bench(args, out: Path) -> dict:
-    from pyg_mgpu.train.loaders import pyg_sampler_available
+    from pyg_mgpu.sampling.sampler_choice import pyg_sampler_available
     results: dict = {}
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.baseline:

@@ -169,7 +169,8 @@ def run_sampler_bench(args) -> dict:
 
     from pyg_mgpu.distributed.host import usable_cores
     from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
-    from pyg_mgpu.train.loaders import make_loader, pyg_sampler_available
+    from pyg_mgpu.sampling.sampler_choice import pyg_sampler_available
+    from pyg_mgpu.train.loaders import make_loader
 
     device = torch.device(getattr(args, "sampler_device", "cpu"))
     on_gpu = device.type == "cuda"

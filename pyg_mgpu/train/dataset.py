@@ -3,7 +3,7 @@
 of it (:func:`load_checked`)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -12,11 +12,13 @@ from pyg_mgpu.data.datasets import load_graph
 from pyg_mgpu.data.fingerprint import data_fingerprint
 from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.hetero_datasets import load_hetero_graph
-from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.data.synthetic import SyntheticSpec
 from pyg_mgpu.sampling.sharding import check_shardable
 from pyg_mgpu.train.checkpoint import check_same_data
 from pyg_mgpu.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from pyg_mgpu.data.hetero_graph import HeteroGraph
 
 
 def load_configured(cfg: TrainConfig, *, for_training: bool = True,

@@ -29,19 +29,6 @@ from pyg_mgpu.seeds import rank_seed
 from pyg_mgpu.train.config import TrainConfig
 
 
-def pyg_sampler_available() -> bool:
-    """PyG's own neighbour sampler needs pyg-lib or torch-sparse (neither is on the registry)."""
-    from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
-    return bool(WITH_PYG_LIB or WITH_TORCH_SPARSE)
-
-
-def resolve_sampler(choice: str) -> str:
-    if choice == "pyg" and not pyg_sampler_available():
-        raise ValueError("--sampler pyg needs pyg-lib or torch-sparse installed (see "
-                         "docs/benchmarks.md); use --sampler native.")
-    return "native" if choice == "auto" else choice
-
-
 def _pyg_sampler(graph: ConvertedGraph, fanout: Sequence[int]):
     """PyG's own sampler (pyg-lib or torch-sparse), for the PyG-recipe baseline."""
     from torch_geometric.sampler import NeighborSampler as PyGNeighborSampler

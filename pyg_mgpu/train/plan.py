@@ -17,9 +17,10 @@ import torch
 
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
+from pyg_mgpu.sampling.sampler_choice import resolve_sampler
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.loaders import (batches_per_walk, choose_placement, feature_cache_budget,
-                                    fused_aggregation_route, resolve_sampler)
+                                    fused_aggregation_route)
 
 
 @dataclass(frozen=True)
