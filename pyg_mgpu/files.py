@@ -59,3 +59,8 @@ def save_json(obj: Any, path: Path) -> Path:
 
 def save_text(text: str, path: Path) -> Path:
     return atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+def cannot_write(out: Path, error: OSError) -> str:
+    """The one-line refusal of an output folder the commands cannot create or write into."""
+    return f"--out {out}: cannot write there ({error.strerror}); choose a writable folder."

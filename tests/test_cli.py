@@ -118,10 +118,14 @@ def test_the_stop_line_names_only_a_run_folder_that_is_there(tmp_path):
 
 
 def test_unwritable_out_is_reported(tmp_path, capsys):
+    from pyg_mgpu.tools import bench
+
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert main(["--out", str(blocker / "run")]) == 2
-    assert "--out" in capsys.readouterr().err
+    for command in (main, bench.main):  # every command says it alike
+        assert command(["--out", str(blocker / "run")]) == 2
+        assert capsys.readouterr().err == (f"error: --out {blocker / 'run'}: cannot write there "
+                                           "(Not a directory); choose a writable folder.\n")
 
 
 def test_batch_size_1_that_leaves_a_rank_short_is_refused(tmp_path, capsys):

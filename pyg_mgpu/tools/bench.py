@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.distributed.devices import RANKS_PER_CORE_LIMIT, resolve_devices
+from pyg_mgpu.files import cannot_write
 from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.tools.compare_dgl import DGL_SCRIPT
 from pyg_mgpu.tools.predict_bench import format_predict, run_predict_bench
@@ -348,8 +349,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {in_flags(err)}", file=sys.stderr)
         return 2
     except OSError as err:
-        print(f"error: --out {out}: cannot write there ({err.strerror}); choose a writable "
-              "folder.", file=sys.stderr)
+        print(f"error: {cannot_write(out, err)}", file=sys.stderr)
         return 2
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     if args.step_costs:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from pyg_mgpu.files import save_json, save_text
+from pyg_mgpu.files import cannot_write, save_json, save_text
 from pyg_mgpu.tools.comparison import (
     SIDES,
     Verdict,
@@ -215,8 +215,7 @@ def make_out_dir(out: Optional[str]) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise CompareError(f"--out {path}: cannot write there ({e.strerror}); choose a "
-                           "writable folder.")
+        raise CompareError(cannot_write(path, e))
     return path
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 
 from matplotlib.figure import Figure
 
-from pyg_mgpu.files import save_text
+from pyg_mgpu.files import cannot_write, save_text
 from pyg_mgpu.tools.cli import Parser
 from pyg_mgpu.train.metrics import RunError, load_metrics
 from pyg_mgpu.train.plots import epoch_axis, save_figure, series
@@ -130,8 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"error: --out {out}: cannot write there ({e.strerror}); choose a writable "
-              "folder", file=sys.stderr)
+        print(f"error: {cannot_write(out, e)}", file=sys.stderr)
         return 2
     print(table, end="")
     print(f"wrote {out / 'report.md'} and {out / 'report.png'}")

@@ -23,6 +23,7 @@ import torch
 
 from pyg_mgpu.distributed.devices import (RANKS_PER_CORE_LIMIT, launched_by_torchrun,
                                           resolve_devices, torchrun_device)
+from pyg_mgpu.files import cannot_write
 from pyg_mgpu.sampling.sampler_choice import resolve_sampler
 from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable, check_resume_names_a_folder
 from pyg_mgpu.train.config import ConfigError, TrainConfig
@@ -54,8 +55,7 @@ def _make_out_dir(out: Optional[str]) -> tuple[Path, bool]:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"--out {path}: cannot write there ({e.strerror}); choose a "
-                          "writable folder.")
+        raise ConfigError(cannot_write(path, e))
     return path, created
 
 
