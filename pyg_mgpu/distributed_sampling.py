@@ -44,12 +44,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
+    args = build_parser().parse_args(argv)  # --help and a refused flag never wait for torch
     from pyg_mgpu.distributed.context import JobStopped, RankFailed
     from pyg_mgpu.distributed.stop import StopSignal, stopped_exit_code
     from pyg_mgpu.train.config import ConfigError, TrainConfig, in_flags
     from pyg_mgpu.train.job import run
 
-    args = build_parser().parse_args(argv)
     debug = args.debug
     cfg = None
     try:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import warnings
-
-import torch
+from typing import TYPE_CHECKING
 
 from pyg_mgpu.errors import ArgumentError
+
+if TYPE_CHECKING:  # torch is imported where a device is made: a config is checked without it
+    import torch
 
 BACKENDS = ("auto", "nccl", "gloo")
 """``auto``: NCCL on GPU ranks, gloo on CPU ranks. ``gloo`` on GPU ranks lets several ranks
@@ -17,12 +19,17 @@ share one GPU (NCCL refuses two ranks on one device): for testing multi-rank log
 
 def resolve_backend(backend: str, device: torch.device) -> str:
     """The process-group backend for a rank on ``device``: ``auto`` = NCCL on GPUs, else gloo."""
+    return backend_for(backend, device.type)
+
+
+def backend_for(backend: str, device_type: str) -> str:
+    """:func:`resolve_backend` for a device type (``"cuda"``, ``"cpu"``)."""
     choice = (backend or "auto").strip().lower()
     if choice not in BACKENDS:
         raise ArgumentError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}.")
     if choice == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
-    if choice == "nccl" and device.type != "cuda":
+        return "nccl" if device_type == "cuda" else "gloo"
+    if choice == "nccl" and device_type != "cuda":
         raise ArgumentError("{backend=nccl} needs GPU ranks ({devices=cuda}...); CPU ranks use "
                             "gloo ({backend=auto} or gloo).")
     return choice
@@ -67,6 +74,8 @@ def resolve_devices(devices: str, nprocs: int | None, backend: str = "auto", *,
     More CPU ranks than usable cores get a warning with the memory they take; more than
     ``max_per_core`` per core (None: no limit) are refused.
     """
+    import torch
+
     if (backend or "auto").strip().lower() not in BACKENDS:
         raise ArgumentError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}.")
     gloo = (backend or "auto").strip().lower() == "gloo"
@@ -76,7 +85,7 @@ def resolve_devices(devices: str, nprocs: int | None, backend: str = "auto", *,
     if nprocs is not None and nprocs < 1:
         raise ArgumentError(f"{{nprocs={nprocs}}}: a job needs at least 1 rank.")
     if spec == "cpu":
-        resolve_backend(backend, torch.device("cpu"))  # nccl: say why not
+        backend_for(backend, "cpu")  # nccl: say why not
         ranks = nprocs or 2
         cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                  else os.cpu_count() or 1)
@@ -124,11 +133,13 @@ def torchrun_device(devices: str, local_rank: int, backend: str = "auto") -> tor
     ``local_rank`` where CUDA is available, else the CPU; ``cpu``; ``cuda``, GPU
     ``local_rank``; ``cuda:2,3``, the ``local_rank``-th GPU listed. Checked as for a spawned
     job (torchrun decides the rank count, so ``nprocs`` plays no part)."""
+    import torch
+
     spec = devices.strip().lower()
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cpu":
-        resolve_backend(backend, torch.device("cpu"))
+        backend_for(backend, "cpu")
         return torch.device("cpu")
     listed = resolve_devices(devices, None, backend)
     if local_rank >= len(listed):

@@ -10,9 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
-
-from pyg_mgpu.distributed.devices import BACKENDS, resolve_backend
+from pyg_mgpu.distributed.devices import BACKENDS, backend_for
 from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.train.recipes import MODEL_RECIPES, MODELS, NORMS, RECIPE_FIELDS, RECIPES
 from pyg_mgpu.train.setting import (ConfigError, check_choices, check_positive, in_flags, listed,
@@ -229,7 +227,7 @@ class RankSettings:
         check_choices(self)
         if self.devices.strip().lower() == "cpu":  # nccl is refused there before any rank starts
             try:
-                resolve_backend(self.backend, torch.device("cpu"))
+                backend_for(self.backend, "cpu")
             except ArgumentError as e:
                 raise ConfigError(in_flags(e)) from None
         if not 0 < self.timeout_s < math.inf:
