@@ -198,6 +198,7 @@ def test_a_crash_after_every_rank_finished_its_work_does_not_fail_the_job(tmp_pa
 
 _EXIT_PROBE = """
 import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from pyg_mgpu.distributed.host import exit_without_teardown
 out = Path(sys.argv[1])
@@ -209,7 +210,8 @@ class Teardown:
 kept = Teardown()  # a module global: only the interpreter's teardown finalizes it
 atexit.register((out / "atexit").touch)
 threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").touch())).start()
-print("flushed", end="")
+pool = ThreadPoolExecutor(2)  # idle workers that are not daemons: they quit on threading's hooks
+pool.submit(print, "flushed", end="").result()
 {exit}(3)
 """
 
@@ -220,10 +222,18 @@ def test_an_exit_without_teardown_is_an_exit_less_the_modules_teardown(tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert (ended.returncode, ended.stdout) == (3, "flushed"), ended.stderr
     left = {p.name for p in tmp_path.iterdir()}
-    # Exit handlers ran, a thread that is not a daemon was waited for, output was flushed...
+    # Exit handlers ran, a thread that is not a daemon was waited for, an idle pool's workers
+    # were let go (the run would time out otherwise), output was flushed...
     assert {"atexit", "thread"} <= left
     # ... and only sys.exit's teardown finalized the module's objects.
     assert ("teardown" in left) == (exit == "sys.exit")
+
+
+def test_an_exit_without_teardown_with_stdout_closed_keeps_its_exit_code():
+    ended = subprocess.run(["bash", "-c", f"{sys.executable} -c 'from pyg_mgpu.distributed.host "
+                            "import exit_without_teardown; exit_without_teardown(2)' >&-"],
+                           capture_output=True, text=True, timeout=120)
+    assert (ended.returncode, ended.stderr) == (2, "")
 
 
 @pytest.mark.slow

@@ -69,19 +69,20 @@ def _glibc_function(name: str) -> Callable | None:
 def exit_without_teardown(code: int) -> NoReturn:
     """Ends this process as the interpreter's exit would, less its teardown of every module.
 
-    Its other threads that are not daemons are waited for, its exit handlers run (``atexit``:
+    Its threads' shutdown hooks run and the threads that are not daemons are waited for (an
+    idle ``ThreadPoolExecutor``'s workers, inductor's compile pool among them, quit on those
+    hooks: a plain join would wait for them forever), its exit handlers run (``atexit``:
     multiprocessing's, logging's, ``weakref.finalize``'s, a library's) and its output is
     flushed. What is skipped: with torch and PyG loaded, finalizing the modules is a garbage
     collection over millions of objects, 1.5 s of CPU here (2026-12-02, 2 cores), paid by a
     job's parent and by each rank after the work is done. Only for code that leaves nothing to
     that teardown: an object that flushes a file in its ``__del__`` would not be finalized.
     """
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # the interpreter's own first step of its exit, hooks then joins
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with the stream closed (>&-)
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe (| head): CPython's own exit code then
