@@ -236,6 +236,16 @@ def test_an_exit_without_teardown_with_stdout_closed_keeps_its_exit_code():
     assert (ended.returncode, ended.stderr) == (2, "")
 
 
+def test_a_failure_reported_with_stdout_closed_still_writes_its_report(tmp_path):
+    probe = ("from pyg_mgpu.distributed.reports import reported\n"
+             f"with reported({str(tmp_path)!r}, 3):\n"
+             "    raise RuntimeError('the rank failed')\n")
+    ended = subprocess.run(["bash", "-c", f"{sys.executable} -c \"$0\" >&-", probe],
+                           capture_output=True, text=True, timeout=120)
+    assert (ended.returncode, ended.stderr) == (1, "")
+    assert "RuntimeError: the rank failed" in (tmp_path / "rank3").read_text()
+
+
 @pytest.mark.slow
 def test_ranks_skip_the_teardown_only_when_asked(tmp_path):
     for skip in (False, True):

@@ -80,11 +80,23 @@ def exit_without_teardown(code: int) -> NoReturn:
     """
     threading._shutdown()  # the interpreter's own first step of its exit, hooks then joins
     atexit._run_exitfuncs()
+    if not flush_output():
+        code = code or 120  # CPython's own exit code when its final flush fails
+    os._exit(code)
+
+
+def flush_output() -> bool:
+    """Flushes stdout and stderr before an ``os._exit``; False if one could not be written.
+
+    A stream is None when the process started with it closed (``>&-``), and a flush fails on
+    a pipe whose reader has gone (``| head``): neither may stop the exit that follows.
+    """
+    flushed = True
     for stream in (sys.stdout, sys.stderr):
-        if stream is None:  # started with the stream closed (>&-)
+        if stream is None:
             continue
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe (| head): CPython's own exit code then
-            code = code or 120
-    os._exit(code)
+        except (OSError, ValueError):
+            flushed = False
+    return flushed

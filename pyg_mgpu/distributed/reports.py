@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import time
 import traceback
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pyg_mgpu.distributed import stop
-from pyg_mgpu.distributed.host import exit_without_teardown
+from pyg_mgpu.distributed.host import exit_without_teardown, flush_output
 
 
 REPORT_DIR_PREFIX = "pyg_mgpu-failures-"
@@ -64,8 +63,7 @@ def report_failure_and_exit(report_dir: str, rank: int) -> None:
     """
     stop.finishing()  # a stop signal now must not cut the report short
     Path(report_dir, f"rank{rank}").write_text(f"{time.monotonic()!r}\n{traceback.format_exc()}")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_output()
     os._exit(1)
 
 
