@@ -76,9 +76,7 @@ def resolve_devices(devices: str, nprocs: int | None, backend: str = "auto", *,
     """
     import torch
 
-    if (backend or "auto").strip().lower() not in BACKENDS:
-        raise ArgumentError(f"{{backend}} must be one of {', '.join(BACKENDS)}, got {backend!r}.")
-    gloo = (backend or "auto").strip().lower() == "gloo"
+    gloo = backend_for(backend, "cuda") == "gloo"  # also refuses an unknown name
     spec = devices.strip().lower()
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
