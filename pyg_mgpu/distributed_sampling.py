@@ -44,23 +44,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
-    args = build_parser().parse_args(argv)  # --help and a refused flag never wait for torch
-    from pyg_mgpu.distributed.context import JobStopped, RankFailed
-    from pyg_mgpu.distributed.stop import StopSignal, stopped_exit_code
-    from pyg_mgpu.train.config import ConfigError, TrainConfig, in_flags
-    from pyg_mgpu.train.job import run
+    # --help, a refused flag and a refused setting never wait for torch's import
+    args = build_parser().parse_args(argv)
+    from pyg_mgpu.train.config import ConfigError, TrainConfig
 
     debug = args.debug
-    cfg = None
     try:
         cfg = TrainConfig.from_flags(**vars(args))
+    except (ConfigError, ValueError) as e:
+        return _refused(e, debug)
+    from pyg_mgpu.distributed.context import JobStopped, RankFailed
+    from pyg_mgpu.distributed.stop import StopSignal, stopped_exit_code
+    from pyg_mgpu.train.job import run
+
+    try:
         run(cfg)
     except (ConfigError, ValueError, OSError) as e:
-        if debug:
-            traceback.print_exc()
-        # One write: torchrun's ranks share the launcher's stderr, and each may refuse at once.
-        sys.stderr.write(f"error: {in_flags(e)}\n")
-        return 2
+        return _refused(e, debug)
     except (JobStopped, StopSignal) as e:  # StopSignal: this process is a torchrun rank
         if not isinstance(e, StopSignal) or int(os.environ.get("RANK", 0)) == 0:
             # A new line: a rank's progress bar may have been cut off mid-line.
@@ -75,6 +75,17 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             print(f"\nerror: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _refused(error: Exception, debug: bool) -> int:
+    """Reports bad input (a setting, a dataset, an unwritable folder) in one line: exit 2."""
+    from pyg_mgpu.train.config import in_flags
+
+    if debug:
+        traceback.print_exc()
+    # One write: torchrun's ranks share the launcher's stderr, and each may refuse at once.
+    sys.stderr.write(f"error: {in_flags(error)}\n")
+    return 2
 
 
 def _checkpoint_note(cfg) -> str:

@@ -61,15 +61,17 @@ def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(argv, message, 
     assert err.splitlines()[-1] == "(python -m pyg_mgpu.distributed_sampling --help lists every flag)"
 
 
-def test_help_and_a_refused_flag_never_load_torch():
+def test_help_a_refused_flag_and_a_refused_setting_never_load_torch():
     # Answered in a fraction of a second: importing torch takes over one.
     probe = ("import sys\n"
              "from pyg_mgpu.distributed_sampling import main\n"
              "try:\n"
-             "    main(sys.argv[1:])\n"
+             "    code = main(sys.argv[1:])\n"
              "except SystemExit as e:\n"
-             "    print(e.code, 'torch' in sys.modules)\n")
-    for argv, code in ((["--help"], 0), (["--epochs", "x"], 2)):
+             "    code = e.code\n"
+             "print(code, 'torch' in sys.modules)\n")
+    for argv, code in ((["--help"], 0), (["--epochs", "x"], 2), (["--epochs", "0"], 2),
+                       (["--fanout", "10,-1,x"], 2)):
         proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
                               text=True, timeout=120)
         assert proc.stdout.splitlines()[-1] == f"{code} False", (argv, proc.stdout[-300:])
