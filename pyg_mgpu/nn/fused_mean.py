@@ -32,6 +32,18 @@ _MAX_BLOCK_FEATURES = 128
 
 
 @triton.jit
+def _edge_rows(index, src, first, end, HAS_INDEX: tl.constexpr, BLOCK_E: tl.constexpr):
+    # The table rows of edges first..first + BLOCK_E (index[src[e]], or src[e] without an
+    # index), as int64 (a table's rows times its width may pass 2**31), and which are < end.
+    edges = first + tl.arange(0, BLOCK_E)
+    edge_mask = edges < end
+    rows = tl.load(src + edges, mask=edge_mask, other=0)
+    if HAS_INDEX:
+        rows = tl.load(index + rows, mask=edge_mask, other=0)
+    return rows.to(tl.int64), edge_mask
+
+
+@triton.jit
 def _mean_rows_kernel(table, index, ptr, src, out, num_features, table_stride, out_stride,
                       HAS_INDEX: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # out[row, cols] = mean over edges e in ptr[row]:ptr[row + 1] of table[index[src[e]], cols]
@@ -42,13 +54,8 @@ def _mean_rows_kernel(table, index, ptr, src, out, num_features, table_stride, o
     end = tl.load(ptr + row + 1)
     acc = tl.zeros([BLOCK_E, BLOCK_F], dtype=tl.float32)
     for first in range(start, end, BLOCK_E):
-        edges = first + tl.arange(0, BLOCK_E)
-        edge_mask = edges < end
-        rows = tl.load(src + edges, mask=edge_mask, other=0)
-        if HAS_INDEX:
-            rows = tl.load(index + rows, mask=edge_mask, other=0)
-        # Row offsets in int64: a table's rows times its width may pass 2**31.
-        offsets = rows.to(tl.int64)[:, None] * table_stride + cols[None, :]
+        rows, edge_mask = _edge_rows(index, src, first, end, HAS_INDEX, BLOCK_E)
+        offsets = rows[:, None] * table_stride + cols[None, :]
         values = tl.load(table + offsets, mask=edge_mask[:, None] & col_mask[None, :], other=0.0)
         acc += values.to(tl.float32)
     count = (end - start).to(tl.float32)
@@ -72,12 +79,8 @@ def _scatter_mean_grad_kernel(grad, index, ptr, src, grad_table, num_features, g
     share = g.to(tl.float32) / tl.maximum(count, 1.0)
     block = tl.zeros([BLOCK_E, BLOCK_F], dtype=tl.float32) + share[None, :]
     for first in range(start, end, BLOCK_E):
-        edges = first + tl.arange(0, BLOCK_E)
-        edge_mask = edges < end
-        rows = tl.load(src + edges, mask=edge_mask, other=0)
-        if HAS_INDEX:
-            rows = tl.load(index + rows, mask=edge_mask, other=0)
-        offsets = rows.to(tl.int64)[:, None] * grad_table_stride + cols[None, :]
+        rows, edge_mask = _edge_rows(index, src, first, end, HAS_INDEX, BLOCK_E)
+        offsets = rows[:, None] * grad_table_stride + cols[None, :]
         tl.atomic_add(grad_table + offsets, block, mask=edge_mask[:, None] & col_mask[None, :],
                       sem="relaxed")
 
