@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import torch
+
 from pyg_mgpu.data.downloads import ogb_guards, run_library
 
 if TYPE_CHECKING:  # PyG is imported when a heterogeneous graph is loaded, not for its names
