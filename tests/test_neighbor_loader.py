@@ -568,6 +568,32 @@ def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():
     check_names_callers_edges(data, next(iter(NeighborLoader(data, [3], batch_size=8))))
 
 
+@pytest.mark.parametrize("kind", ["node", "link"])
+def test_a_transform_sees_pygs_batch_and_may_return_anything(kind):
+    # PyG applies the transform last and returns what it returns; the batch it is given has
+    # an int64 e_id (PyG's edge permutation is int64) and no cached CSC of ours.
+    from pyg_mgpu.sampling.link_neighbor_loader import LinkNeighborLoader
+
+    data = random_graph()
+    seen = []
+
+    def transform(batch):
+        seen.append((batch.e_id.dtype, cached_csc(batch)))
+        return batch.n_id, batch.e_id
+
+    def loader(**kwargs):
+        if kind == "node":
+            return NeighborLoader(data, [3, 2], batch_size=8, seed=3, **kwargs)
+        return LinkNeighborLoader(data, [3, 2], batch_size=8, seed=3, **kwargs)
+
+    plain = next(iter(loader()))
+    n_id, e_id = next(iter(loader(transform=transform)))
+    assert seen == [(torch.long, None)]
+    assert torch.equal(n_id, plain.n_id) and torch.equal(e_id, plain.e_id)
+    assert e_id.dtype == plain.e_id.dtype == torch.long
+    assert cached_csc(plain) is None
+
+
 @pytest.mark.parametrize("kwargs,error,says", [
     ({"input_nodes": torch.tensor([0, 200])}, ValueError, "input_nodes holds node ids from 0 to 200"),
     ({"input_nodes": torch.tensor([-1, 3])}, ValueError, "ids run from 0 to 199"),

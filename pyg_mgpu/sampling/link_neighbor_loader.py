@@ -23,7 +23,7 @@ from torch_geometric.loader.utils import get_edge_label_index
 
 from pyg_mgpu.sampling.checks import check_edge_label_index, check_per_seed_edge
 from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, rank_sampler,
-                                               sampler_options, shard_epochs, without_csc)
+                                               WithoutCscThen, sampler_options, shard_epochs)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
@@ -83,7 +83,7 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
         super().__init__(data, num_neighbors, edge_label_index=edge_label_index,
                          edge_label=edge_label, edge_label_time=edge_label_time,
                          neg_sampling=neg_sampling, neg_sampling_ratio=neg_sampling_ratio,
-                         time_attr=time_attr, transform=transform,
+                         time_attr=time_attr, transform=WithoutCscThen(transform),
                          transform_sampler_output=transform_sampler_output,
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)
@@ -93,6 +93,3 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
         does nothing)."""
         if self.epoch_sampler is not None:
             self.epoch_sampler.set_epoch(epoch)
-
-    def filter_fn(self, out):
-        return without_csc(super().filter_fn(out))

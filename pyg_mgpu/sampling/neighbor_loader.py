@@ -175,7 +175,7 @@ class NeighborLoader(PyGNeighborLoader):
             self.epoch_sampler.batches_per_walk = self.sample_batches
         self._walks: Optional[WalkBatches] = None
         super().__init__(data, num_neighbors, input_nodes=input_nodes, input_time=input_time,
-                         time_attr=time_attr, transform=transform,
+                         time_attr=time_attr, transform=WithoutCscThen(transform),
                          transform_sampler_output=transform_sampler_output,
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)
@@ -198,9 +198,6 @@ class NeighborLoader(PyGNeighborLoader):
         elif start_step:
             raise ValueError("start_step needs distributed=True (its epochs are what a "
                              "checkpoint can name a position in).")
-
-    def filter_fn(self, out):
-        return without_csc(super().filter_fn(out))
 
     def collate_fn(self, index):
         if self.sample_batches == 1:
@@ -312,3 +309,19 @@ def without_csc(batch):
         if "e_id" in store:
             store.e_id = store.e_id.long()  # the CSC keeps the permutation int32 where it fits
     return drop_cached_csc(batch) if isinstance(batch, Data) else batch
+
+
+class WithoutCscThen:
+    """The transform the loaders hand to PyG's: :func:`without_csc`, then the user's own.
+
+    PyG applies its loader's transform last, so a user's transform sees the batch as PyG's
+    would be (``e_id`` int64) and may return anything, a tuple or a dict as well. A class,
+    not a closure, so that DataLoader workers started by spawn can pickle it.
+    """
+
+    def __init__(self, transform: Optional[Callable]):
+        self.transform = transform
+
+    def __call__(self, batch):
+        batch = without_csc(batch)
+        return batch if self.transform is None else self.transform(batch)
