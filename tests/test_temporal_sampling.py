@@ -89,6 +89,34 @@ def test_last_keeps_the_most_recent_eligible_neighbours():
         assert sorted(out.node[1:].tolist()) == [4, 5]
 
 
+def test_last_with_replace_draws_the_fanout_from_the_most_recent_with_repeats():
+    # pyg-lib narrows to the last 3 eligible in-edges (sources 3, 4, 5) and draws 3 times from
+    # them with replacement: repeats are common (all distinct with chance 3!/27).
+    data = Data(num_nodes=9, time=torch.tensor([5, 1, 2, 3, 4, 5, 6, 7, 8]),
+                edge_index=torch.tensor([[8, 3, 1, 5, 7, 2, 6, 4], [0] * 8]))
+    loader = pyg_mgpu.NeighborLoader(data, [3], input_nodes=torch.tensor([0]), batch_size=1,
+                                     time_attr="time", temporal_strategy="last", replace=True,
+                                     seed=0)
+    counts, repeated = torch.zeros(9), 0
+    for _ in range(600):
+        e_id = next(iter(loader)).e_id
+        sources = data.edge_index[0, e_id]
+        assert e_id.numel() == 3 and set(sources.tolist()) <= {3, 4, 5}
+        counts[sources] += 1
+        repeated += int(e_id.unique().numel() < 3)
+    assert 0.6 < repeated / 600 < 0.95  # 1 - 6/27 = 0.78 expected
+    assert chisquare(counts[3:6]).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("time_attr", ["time", None])
+def test_an_unknown_strategy_is_refused_with_or_without_timestamps(time_attr):
+    data = Data(num_nodes=3, time=torch.tensor([2, 1, 0]),
+                edge_index=torch.tensor([[1, 2], [0, 0]]))
+    with pytest.raises(ValueError, match="temporal_strategy must be one of .* got 'recent'"):
+        pyg_mgpu.NeighborLoader(data, [2], batch_size=1, time_attr=time_attr,
+                                temporal_strategy="recent")
+
+
 def test_uniform_draws_evenly_among_the_eligible_neighbours():
     data = Data(num_nodes=9, time=torch.tensor([4, 0, 1, 2, 3, 4, 5, 6, 7]),
                 edge_index=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [0] * 8]))

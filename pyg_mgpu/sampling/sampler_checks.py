@@ -39,6 +39,10 @@ def check_options(data, *, disjoint: bool, subgraph_type, time_attr: Optional[st
         raise ValueError("'disjoint' sampling (temporal sampling is disjoint) is not supported "
                          "with subgraph_type='induced' (neither is it in PyG); use "
                          "'directional' or 'bidirectional'.")
+    # pyg-lib refuses an unknown strategy on every call, temporal or not
+    if temporal_strategy not in temporal.STRATEGIES:
+        raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
+                         f"{temporal_strategy!r}.")
     if time_attr is None:
         return
     if sample_direction == "backward":
@@ -46,9 +50,6 @@ def check_options(data, *, disjoint: bool, subgraph_type, time_attr: Optional[st
     if weight_attr is not None:
         raise ValueError("weighted temporal sampling is not supported (weight_attr with "
                          "time_attr); pass one of them.")
-    if temporal_strategy not in temporal.STRATEGIES:
-        raise ValueError(f"temporal_strategy must be one of {temporal.STRATEGIES}, got "
-                         f"{temporal_strategy!r}.")
 
 
 def check_seeds(seed, seed_time, *, is_hetero: bool, is_temporal: bool,

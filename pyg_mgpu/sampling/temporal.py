@@ -142,15 +142,17 @@ def eligible_ends(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor)
 
 
 def eligible_runs(colptr: Tensor, tcsc: TemporalCSC, dst: Tensor, limit: Tensor, fanout: int,
-                  strategy: str) -> tuple[tuple[Tensor, Tensor], int]:
+                  strategy: str, replace: bool = False) -> tuple[tuple[Tensor, Tensor], int]:
     """The CSC positions each node of ``dst`` may draw from under ``limit``, and the fanout to
-    draw there: strategy ``uniform`` draws ``fanout`` of the eligible prefix, ``last`` keeps its
-    last ``fanout`` edges (the most recent), all of them."""
+    draw there: strategy ``uniform`` draws ``fanout`` of the eligible prefix, ``last`` narrows
+    it to its last ``fanout`` edges (the most recent) and keeps them all, or with ``replace``
+    draws ``fanout`` times from them, as pyg-lib does."""
     end = eligible_ends(colptr, tcsc, dst, limit)
     start = colptr.index_select(0, dst)
     if strategy == "last" and fanout >= 0:
         start = torch.maximum(start, end - fanout)
-        fanout = -1
+        if not replace:
+            fanout = -1
     return (start, end), fanout
 
 

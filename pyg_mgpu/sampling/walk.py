@@ -214,6 +214,6 @@ def _plan(graph: SamplingGraph, edge_type: tuple, frontier: Frontier, fanout: in
     if by_time is not None and tree_time is not None:  # no edge later than its tree's time
         runs, fanout = temporal.eligible_runs(csc.colptr, by_time, dst,
                                               tree_time.index_select(0, frontier.trees),
-                                              fanout, strategy)
+                                              fanout, strategy, replace)
     return plan_hop(csc.colptr, dst, fanout, replace=replace, runs=runs,
                     active=frontier.active)
