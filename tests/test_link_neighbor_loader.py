@@ -201,3 +201,31 @@ def test_too_few_seed_edges_for_the_ranks_are_named_so():
             "most 3 ranks")):
         pyg_mgpu.LinkNeighborLoader(data, [2], edge_label_index=data.edge_index[:, :3],
                                     batch_size=2, distributed=True, rank=0, world_size=4)
+
+
+@pytest.mark.parametrize("temporal", [False, True])
+def test_disjoint_seed_links_between_two_node_types_grow_a_tree_from_each_end(temporal):
+    # As pyg-lib numbers them: the source seeds (users) are trees 0..B-1 and the destination
+    # seeds (items) B..2B-1, so user 1, reached from both ends of the link user 0 -> item 0,
+    # is in both trees (PyG then folds the trees into links: batch % B). Temporal sampling is
+    # always disjoint.
+    data = HeteroData()
+    data["user"].x, data["item"].x = torch.arange(2), torch.arange(1)
+    data["user", "buys", "item"].edge_index = torch.tensor([[0, 1], [0, 0]])
+    data["user", "knows", "user"].edge_index = torch.tensor([[1], [0]])
+    options = {"disjoint": True}
+    if temporal:
+        data["user"].time = torch.zeros(2, dtype=torch.long)
+        data["item"].time = torch.zeros(1, dtype=torch.long)
+        options = {"edge_label_time": torch.tensor([1]), "time_attr": "time"}
+    loader = pyg_mgpu.LinkNeighborLoader(
+        data, [-1], edge_label_index=(("user", "buys", "item"), torch.tensor([[0], [0]])),
+        batch_size=1, **options)
+    batch = next(iter(loader))
+    # user 0 (tree 0's seed), then hop 1: user 0 and user 1 into tree 1's item 0, user 1
+    # into tree 0's user 0
+    assert batch["user"].n_id.tolist() == [0, 0, 1, 1]
+    assert batch["user"].batch.tolist() == [0, 0, 0, 0]
+    assert batch["item"].n_id.tolist() == [0]
+    assert batch["user", "buys", "item"].edge_index.tolist() == [[1, 2], [0, 0]]
+    assert batch["user", "knows", "user"].edge_index.tolist() == [[3], [0]]

@@ -318,16 +318,14 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
 
     def _tree_times(self, seed: dict, seed_time: Optional[dict]) -> Tensor:
         """The time bounding each tree: ``input_time`` where given, else the seed's own
-        timestamp; tree ``i`` is the ``i``-th seed of each seed type."""
-        times = None
+        timestamp; the trees are the seeds of each seed type in turn (see
+        :class:`~.numbering.DisjointIds`)."""
+        times = []
         for t, s in seed.items():
             given = None if seed_time is None else seed_time.get(t)
             own = (self.node_time or {}).get(t)
             if given is None and own is None:
                 raise ValueError(f"temporal sampling needs a time per seed of type {t!r}: pass "
                                  f"input_time, or give {t!r} nodes timestamps (time_attr).")
-            seed_times = temporal.seed_times(s, given, own)
-            if times is None:
-                times = seed_times.new_zeros(max(v.numel() for v in seed.values()))
-            times[:s.numel()] = seed_times
-        return times
+            times.append(temporal.seed_times(s, given, own))
+        return times[0] if len(times) == 1 else torch.cat(times)

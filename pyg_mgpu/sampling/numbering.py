@@ -148,11 +148,17 @@ class JointIds:
 
 
 class DisjointIds:
-    """Local ids in a disjoint batch: :class:`TreeIds` per node type, tree ``i`` grown from the
-    ``i``-th seed of each seed type."""
+    """Local ids in a disjoint batch: :class:`TreeIds` per node type, a tree per seed. The
+    trees are numbered over the seed types in the seed dict's order, as pyg-lib numbers them:
+    a link's source seeds (one type) are trees ``0..B-1``, its destination seeds (another
+    type) ``B..2B-1``, and a node both ends reach is in both trees."""
 
-    def __init__(self, num_nodes: dict, num_trees: int):
-        self.num_nodes, self.num_trees = num_nodes, num_trees
+    def __init__(self, num_nodes: dict, seed: dict):
+        self.num_nodes = num_nodes
+        self.first_tree, self.num_trees = {}, 0
+        for t, s in seed.items():
+            self.first_tree[t] = self.num_trees
+            self.num_trees += s.numel()
         self._ids: dict = {}
 
     @property
@@ -160,7 +166,8 @@ class DisjointIds:
         return {t: ids.count for t, ids in self._ids.items()}
 
     def seeds(self, t, seed: Tensor) -> Tensor:
-        self._ids[t] = TreeIds(seed, self.num_nodes[t], self.num_trees)
+        self._ids[t] = TreeIds(seed, self.num_nodes[t], self.num_trees,
+                               self.first_tree.get(t, 0))
         return self._ids[t].seed_trees
 
     def number(self, t, nbr: Tensor,

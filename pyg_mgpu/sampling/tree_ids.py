@@ -22,14 +22,15 @@ _MAX_SLOT_BITS = 28
 
 
 class TreeIds:
-    """Local ids in a disjoint batch: the seeds are trees ``0, 1, ...`` and nodes ``0, 1, ...``
-    in order; each hop's new pairs take the next ids, in order of first appearance."""
+    """Local ids in a disjoint batch: the seeds are trees ``first_tree, first_tree + 1, ...``
+    (of ``num_trees`` over every node type) and nodes ``0, 1, ...`` in order; each hop's new
+    pairs take the next ids, in order of first appearance."""
 
-    def __init__(self, seed: Tensor, num_nodes: int, num_trees: int):
+    def __init__(self, seed: Tensor, num_nodes: int, num_trees: int, first_tree: int = 0):
         self.num_nodes = num_nodes
         # int32 where every pair fits: half the memory traffic of every pass over the keys.
         self.key_type = torch.int32 if num_trees * num_nodes < 2**31 else torch.int64
-        self.seed_trees = torch.arange(seed.numel(), device=seed.device)
+        self.seed_trees = torch.arange(first_tree, first_tree + seed.numel(), device=seed.device)
         self._keys = (self.seed_trees * num_nodes + seed).to(self.key_type)  # by local id
 
     @property

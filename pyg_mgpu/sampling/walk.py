@@ -92,7 +92,7 @@ def _numbering(graph: SamplingGraph, seed: dict, disjoint: bool, seed_batch: Opt
     """The walk's local ids: a tree per seed position, a batch per ``seed_batch`` entry, or
     one batch."""
     if disjoint:
-        return DisjointIds(graph.num_nodes, max((s.numel() for s in seed.values()), default=0))
+        return DisjointIds(graph.num_nodes, seed)
     if seed_batch is not None:
         return BatchIds(lambda t: graph.lookup(t, copies=num_batches), graph.num_nodes,
                         seed_batch)
