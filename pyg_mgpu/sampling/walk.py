@@ -47,7 +47,7 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
 
     Args:
         fanouts: Per walked edge type, the neighbours to draw at each hop (``-1``: all).
-        disjoint: One tree per seed position (tree ``i``: the ``i``-th seed of each type).
+        disjoint: One tree per seed, numbered over the seed types in turn.
         seed_batch: Several joint batches in one walk (``disjoint`` False): each seed's batch
             per type, ``0 .. num_batches - 1``; the output's ``batch`` says whose each node
             is (:mod:`.batches` splits it).
