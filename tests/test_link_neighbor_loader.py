@@ -46,7 +46,7 @@ def test_the_batches_of_pygs_loader_on_the_same_sampler(options):
         assert set(x.keys()) == set(y.keys())
         for key in x.keys():
             if isinstance(x[key], torch.Tensor):
-                assert torch.equal(x[key], y[key]), key
+                assert torch.equal(x[key], y[key]) and x[key].dtype == y[key].dtype, key
     if "neg_sampling_ratio" in options:
         for batch in a:
             positives_are_edges(data, batch)

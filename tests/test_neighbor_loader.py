@@ -568,6 +568,27 @@ def test_one_csc_per_graph_shared_by_loaders_and_kept_through_pickling():
     check_names_callers_edges(data, next(iter(NeighborLoader(data, [3], batch_size=8))))
 
 
+@pytest.mark.parametrize("hetero", [False, True])
+def test_pygs_loader_on_our_sampler_gets_int64_edge_ids(hetero):
+    # PyG's loader takes the sampler's edge permutation as e_id, and PyG's is int64.
+    from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
+
+    from pyg_mgpu.seeds import rank_seed
+
+    data = random_graph()
+    if hetero:
+        data = data.to_heterogeneous(node_type_names=["v"], edge_type_names=[("v", "e", "v")])
+    seeds = ("v", None) if hetero else None
+    ours = NeighborLoader(data, [3, 2], input_nodes=seeds, batch_size=8, seed=3)
+    theirs = PyGNeighborLoader(data, [3, 2], input_nodes=seeds, batch_size=8,
+                               neighbor_sampler=NeighborSampler(data, [3, 2],
+                                                                seed=rank_seed(3, 0)))
+    a, b = next(iter(ours)), next(iter(theirs))
+    for store_a, store_b in zip(a.edge_stores, b.edge_stores):
+        assert store_b.e_id.dtype == torch.long
+        assert torch.equal(store_a.e_id, store_b.e_id)
+
+
 @pytest.mark.parametrize("kind", ["node", "link"])
 def test_a_transform_sees_pygs_batch_and_may_return_anything(kind):
     # PyG applies the transform last and returns what it returns; the batch it is given has

@@ -173,6 +173,23 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
             return self._num_neighbors.get_values(self.edge_types)
         return [int(k) for k in self.num_neighbors.get_mapped_values()]
 
+    # The loaders of this package cast ``e_id`` to int64 themselves and set this False, so the
+    # permutation they read stays int32 where the graph's edges fit; PyG's loaders take it as
+    # ``e_id`` as it is, and PyG's permutation is int64.
+    widen_edge_permutation = True
+
+    @property
+    def edge_permutation(self):
+        """CSC position -> the caller's edge id (None: the same; per edge type on a
+        ``HeteroData``), int64 as PyG's unless :attr:`widen_edge_permutation` is off."""
+        if not self.widen_edge_permutation:
+            return self.perm
+        widened = self.__dict__.get("_widened_perm")
+        if widened is None or widened[0] is not self.perm:  # built once per permutation
+            widened = (self.perm, _as_int64(self.perm))
+            self._widened_perm = widened
+        return widened[1]
+
     @property
     def device(self) -> torch.device:
         return self.graph.device
@@ -329,3 +346,9 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
                                  f"input_time, or give {t!r} nodes timestamps (time_attr).")
             times.append(temporal.seed_times(s, given, own))
         return times[0] if len(times) == 1 else torch.cat(times)
+
+
+def _as_int64(perm):
+    if isinstance(perm, dict):
+        return {key: _as_int64(value) for key, value in perm.items()}
+    return None if perm is None else perm.long()
