@@ -186,6 +186,34 @@ def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, expected):
     assert err.strip().splitlines()[-1].startswith("error: ") and expected in err
 
 
+def test_an_unwritable_out_is_refused_before_the_command_runs(tmp_path, capsys):
+    marker = tmp_path / "ran"  # /proc takes no new files, not even root's
+    assert main(["--out", "/proc/m.json", "--", "touch", str(marker)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out /proc: cannot write there") and "Traceback" not in err
+    assert not marker.exists()
+
+
+def test_a_folder_as_out_gets_memory_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "tree_pss", lambda pid: {})
+    assert main(["--out", str(tmp_path), "--", "true"]) == 0
+    assert json.loads((tmp_path / "memory.json").read_text())["exit_code"] == 0
+
+
+def test_a_report_that_cannot_be_written_is_one_line_after_the_measurement(tmp_path, capsys,
+                                                                           monkeypatch):
+    monkeypatch.setattr(memory, "tree_pss", lambda pid: {})
+
+    def refuse(report, out):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(memory, "save_json", refuse)
+    assert main(["--out", str(tmp_path / "m.json"), "--", "true"]) == 1
+    captured = capsys.readouterr()
+    assert "nothing measured" in captured.out
+    assert captured.err.startswith(f"error: --out {tmp_path / 'm.json'}: cannot write there "
+                                   "(No space left on device)")
+
+
 @pytest.mark.parametrize("program, code", [("true", 0), ("false", 1)])
 def test_a_command_that_ends_before_the_first_sample_is_reported(tmp_path, capsys, monkeypatch,
                                                                  program, code):

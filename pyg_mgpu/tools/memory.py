@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Optional, Sequence
 
 import psutil
 
-from pyg_mgpu.files import save_json
+from pyg_mgpu.files import cannot_write, save_json
 from pyg_mgpu.tools.cli import Parser
 
 MB = 2 ** 20  # MB here means MiB, as in metrics.json's peak_mem_mb
@@ -235,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run COMMAND and report the peak total PSS of it and all its descendants.")
     p.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
     p.add_argument("--out", type=Path, default=None,
-                   help="JSON file to write (default: DIR/memory.json when COMMAND has --out DIR)")
+                   help="JSON file to write, or a folder to write memory.json into (default: "
+                        "DIR/memory.json when COMMAND has --out DIR)")
     return p
 
 
@@ -289,10 +291,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     run_dir = run_dir_of(command)
     out = args.out or (run_dir / "memory.json" if run_dir else None)
-    if args.out and not args.out.parent.is_dir():
-        print(f"error: --out {args.out}: folder {args.out.parent} does not exist; create it "
-              "or choose another path", file=sys.stderr)
-        return 2
+    if args.out is not None:
+        if args.out.is_dir():  # a run folder, as the training CLI's --out is
+            out = args.out / "memory.json"
+        if not out.parent.is_dir():
+            print(f"error: --out {args.out}: folder {out.parent} does not exist; create it "
+                  "or choose another path", file=sys.stderr)
+            return 2
+        try:  # refused now, not after the measured command has run
+            tempfile.TemporaryFile(dir=out.parent).close()
+        except OSError as e:
+            print(f"error: {cannot_write(out.parent, e)}", file=sys.stderr)
+            return 2
 
     started = time.time()
     try:
@@ -318,7 +328,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     _print_summary(report)
     if out and out.parent.is_dir():
-        save_json(report, out)
+        try:
+            save_json(report, out)
+        except OSError as e:
+            print(f"error: {cannot_write(out, e)} The measurement is printed above.",
+                  file=sys.stderr)
+            return code or 1
         print(f"memory: wrote {out}")
     return code
 
