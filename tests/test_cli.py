@@ -199,7 +199,10 @@ def test_end_to_end_run_writes_complete_outputs(tmp_path):
     rows = list(csv.DictReader((out / "history.csv").open()))
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     state = torch.load(out / "best.pt")
-    model = GraphSAGE(8, 16, 4, 2)
+    # The model built as docs/outputs.md says, from what metrics.json records of the graph
+    assert (metrics["num_features"], metrics["num_classes"]) == (8, 4)
+    model = GraphSAGE(metrics["num_features"], metrics["config"]["hidden"],
+                      metrics["num_classes"], len(metrics["config"]["fanout"]))
     model.load_state_dict(state)  # plain state_dict, no "module." prefix
     assert_exact_ratio(metrics["test_acc"], TINY_TEST_NODES)
     # The run learned (the seed fixes every draw, so this holds on every run): the loss fell by

@@ -267,6 +267,8 @@ def report(cfg: TrainConfig, ctx: RankContext, data: RankData, progress: Progres
         "dataset": graph.name,
         "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges,
+        "num_features": graph.num_features,  # per node type on a heterogeneous graph
+        "num_classes": graph.num_classes,
         "dataset_bytes": graph.nbytes(),
         "feature_cache_rows": data.feature_cache.num_cached if data.feature_cache else 0,
         "world_size": ctx.world_size,
