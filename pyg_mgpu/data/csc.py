@@ -97,7 +97,8 @@ def edge_chunks(src: Tensor, dst: Tensor, chunk: int = CHUNK_EDGES) -> EdgeChunk
 
 def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = True,
                     device: Optional[torch.device] = None,
-                    num_src_nodes: Optional[int] = None) -> CSC:
+                    num_src_nodes: Optional[int] = None,
+                    out_of_range_fix: str = "set data.num_nodes or fix the ids.") -> CSC:
     """Groups edges by destination with a two-pass counting sort over chunks.
 
     The result equals a global stable sort by destination (each node's in-edges keep their
@@ -106,7 +107,8 @@ def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = Tru
     that grows with the graph. ``perm`` is None when the edges already came sorted.
 
     ``num_src_nodes``: the count of source nodes where they are another type than the
-    destinations (a heterogeneous edge type); default ``num_nodes``.
+    destinations (a heterogeneous edge type); default ``num_nodes``. ``out_of_range_fix``:
+    what the error for an id out of range (one node type) tells the caller to do.
 
     Raises:
         ValueError: a node id lies outside ``[0, num_nodes)`` (sources: ``num_src_nodes``).
@@ -126,8 +128,7 @@ def csc_from_chunks(chunks: EdgeChunks, num_nodes: int, *, keep_perm: bool = Tru
         if lo < 0 or hi >= num_nodes or hi_src >= num_src:
             if num_src_nodes is None:  # one node type
                 raise ValueError(f"edge_index holds node ids outside [0, {num_nodes}) (min "
-                                 f"{lo}, max {max(hi, hi_src)}); set data.num_nodes or fix "
-                                 "the ids.")
+                                 f"{lo}, max {max(hi, hi_src)}); {out_of_range_fix}")
             raise ValueError(f"edge_index holds node ids outside [0, {num_src}) for sources or "
                              f"[0, {num_nodes}) for destinations (min {lo}, max source "
                              f"{hi_src}, max destination {hi}); set each node type's num_nodes "

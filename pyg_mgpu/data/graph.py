@@ -272,7 +272,9 @@ class ConvertedGraph(TrainingGraph):
                        as_signed_ids(dst, "edge_index", name))
 
         try:
-            csc = csc_from_chunks(id_chunks, x.size(0), keep_perm=False)
+            csc = csc_from_chunks(id_chunks, x.size(0), keep_perm=False,
+                                  out_of_range_fix=f"x has {x.size(0)} rows, one per node: fix "
+                                  "the ids, or give the missing nodes rows in x and y.")
         except DatasetError:
             raise
         except ValueError as err:
