@@ -51,6 +51,9 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--fanout", "-1,10"], "argument --fanout: expected one argument; a value that starts "
+                            "with '-' goes after '=': --fanout=-1,10\n"),
+    (["--epochs", "--lr", "3"], "argument --epochs: expected one argument\n"),
 ])
 def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

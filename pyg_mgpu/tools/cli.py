@@ -4,6 +4,7 @@ before any rank has started reported as a stop, in one line."""
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 from typing import Callable, Optional, Sequence
@@ -27,7 +28,18 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)  # for error()'s hint
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
+        missing = re.fullmatch(r"argument (--[\w-]+).*: expected one argument", message)
+        argv = getattr(self, "_argv", [])
+        if missing and missing.group(1) in argv[:-1]:
+            value = argv[argv.index(missing.group(1)) + 1]
+            if re.match(r"-[\d.]", value):  # argparse took the value (-1,10) for a flag
+                message += (f"; a value that starts with '-' goes after '=': "
+                            f"{missing.group(1)}={value}")
         self.exit(2, f"error: {message}\n({self.prog} --help lists every flag)\n")
 
 
