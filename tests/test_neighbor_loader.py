@@ -587,6 +587,11 @@ def test_pygs_loader_on_our_sampler_gets_int64_edge_ids(hetero):
     for store_a, store_b in zip(a.edge_stores, b.edge_stores):
         assert store_b.e_id.dtype == torch.long
         assert torch.equal(store_a.e_id, store_b.e_id)
+    if not hetero:
+        # The int64 copy is made once, in shared memory for DataLoader workers to share; the
+        # package's own loaders widen e_id per batch and keep the int32 permutation alone.
+        assert NeighborSampler(data, [3], share_memory=True).edge_permutation.is_shared()
+        assert ours.node_sampler.edge_permutation.dtype == torch.int32
 
 
 @pytest.mark.parametrize("kind", ["node", "link"])

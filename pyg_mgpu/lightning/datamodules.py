@@ -282,7 +282,7 @@ def prepare_graph(data, kwargs: dict) -> None:
     if isinstance(data, (Data, HeteroData)):
         options, _ = split_kwargs(kwargs, NeighborSampler)
         options.pop("share_memory", None)
-        NeighborSampler(data, **options, seed=0)
+        NeighborSampler(data, **options, seed=0, int64_edge_permutation=False)
 
 
 def check_trainer(trainer) -> None:

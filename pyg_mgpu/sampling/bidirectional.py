@@ -106,7 +106,8 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
         settings = dict(subgraph_type=subgraph_type, replace=replace, disjoint=disjoint,
                         temporal_strategy=temporal_strategy, time_attr=time_attr,
                         weight_attr=weight_attr, is_sorted=is_sorted, share_memory=share_memory,
-                        directed=directed)
+                        directed=directed,
+                        int64_edge_permutation=False)  # _CallerEdgeIds maps edges itself
         self.forward_sampler = _CallerEdgeIds(data, num_neighbors, sample_direction="forward",
                                               seed=seed, **settings)
         self.backward_sampler = _CallerEdgeIds(data, num_neighbors, sample_direction="backward",

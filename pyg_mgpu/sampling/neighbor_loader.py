@@ -280,12 +280,11 @@ def rank_sampler(data, num_neighbors, kwargs: dict, *, seed: Optional[int],
     """A loader's own :class:`NeighborSampler`: in shared memory for DataLoader workers, and
     seeded per rank (:func:`~pyg_mgpu.seeds.rank_seed`), so that each rank draws its own samples while the
     epochs' permutation is shared."""
-    sampler = NeighborSampler(data, num_neighbors=num_neighbors,
-                              share_memory=kwargs.get("num_workers", 0) > 0,
-                              seed=None if seed is None else rank_seed(seed, rank or 0),
-                              **options)
-    sampler.widen_edge_permutation = False  # WithoutCscThen widens e_id
-    return sampler
+    return NeighborSampler(data, num_neighbors=num_neighbors,
+                           share_memory=kwargs.get("num_workers", 0) > 0,
+                           seed=None if seed is None else rank_seed(seed, rank or 0),
+                           int64_edge_permutation=False,  # WithoutCscThen widens e_id
+                           **options)
 
 
 def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,

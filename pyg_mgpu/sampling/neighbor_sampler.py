@@ -62,7 +62,8 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
         replace: Draw with replacement.
         disjoint: One separate subgraph per seed node.
         temporal_strategy: With ``time_attr``: ``"uniform"`` draws among the eligible
-            neighbours, ``"last"`` keeps the most recent ``num_neighbors[i]`` of them.
+            neighbours, ``"last"`` keeps the most recent ``num_neighbors[i]`` of them (with
+            ``replace``, draws ``num_neighbors[i]`` times from those).
         time_attr: A node or edge attribute of timestamps: temporal sampling, as PyG's with
             pyg-lib. A neighbour is eligible when its timestamp (the node's, or the edge's) is
             at most its seed's time (the loader's ``input_time``, else the seed node's own
@@ -75,6 +76,10 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
             ``"backward"`` out-neighbours.
         seed: Seed of this sampler's own random generator. Default: drawn once from torch's
             global generator, so ``torch.manual_seed`` makes runs repeat.
+        int64_edge_permutation: :attr:`edge_permutation` (what PyG's loaders take as
+            ``e_id``) in int64, as PyG's: a copy of the CSC's int32 permutation, made once
+            (and shared with ``share_memory``). False keeps the int32 one, for a loader that
+            widens ``e_id`` itself (the package's own do).
 
     Example:
         PyG's loaders take it as their ``neighbor_sampler``, e.g. ``LinkNeighborLoader``; on its
@@ -105,6 +110,7 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
         sample_direction: str = "forward",
         *,
         seed: Optional[int] = None,
+        int64_edge_permutation: bool = True,
     ):
         # PyG's __init__ is not called: it converts edge_index to a CSC copy of its own (per
         # sampler, per rank) and refuses weights without pyg-lib. The attributes PyG's loaders
@@ -153,6 +159,8 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
             self.weights = self.graph.weights[EDGE]
             self.index_dtype, self.edge_dtype = output_dtypes(
                 data, self.data_type == DataType.homogeneous, self.csc.num_edges)
+        self._edge_permutation = (_as_int64(self.perm, share_memory) if int64_edge_permutation
+                                  else self.perm)
         self.num_neighbors = num_neighbors  # PyG's setter: a NumNeighbors
         self.fanouts  # checks the edge types and hop counts
         self.replace = replace
@@ -173,22 +181,11 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
             return self._num_neighbors.get_values(self.edge_types)
         return [int(k) for k in self.num_neighbors.get_mapped_values()]
 
-    # The loaders of this package cast ``e_id`` to int64 themselves and set this False, so the
-    # permutation they read stays int32 where the graph's edges fit; PyG's loaders take it as
-    # ``e_id`` as it is, and PyG's permutation is int64.
-    widen_edge_permutation = True
-
     @property
     def edge_permutation(self):
         """CSC position -> the caller's edge id (None: the same; per edge type on a
-        ``HeteroData``), int64 as PyG's unless :attr:`widen_edge_permutation` is off."""
-        if not self.widen_edge_permutation:
-            return self.perm
-        widened = self.__dict__.get("_widened_perm")
-        if widened is None or widened[0] is not self.perm:  # built once per permutation
-            widened = (self.perm, _as_int64(self.perm))
-            self._widened_perm = widened
-        return widened[1]
+        ``HeteroData``); int64 unless made with ``int64_edge_permutation=False``."""
+        return self._edge_permutation
 
     @property
     def device(self) -> torch.device:
@@ -348,7 +345,9 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
         return times[0] if len(times) == 1 else torch.cat(times)
 
 
-def _as_int64(perm):
+def _as_int64(perm, share_memory: bool):
     if isinstance(perm, dict):
-        return {key: _as_int64(value) for key, value in perm.items()}
-    return None if perm is None else perm.long()
+        return {key: _as_int64(value, share_memory) for key, value in perm.items()}
+    if perm is None or perm.dtype == torch.long:
+        return perm
+    return perm.long().share_memory_() if share_memory else perm.long()
