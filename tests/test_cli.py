@@ -53,6 +53,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--fanout", "-1,10"], "argument --fanout: expected one argument; a value that starts "
                             "with '-' goes after '=': --fanout=-1,10\n"),
+    (["--fanout", "-1", "--fanout", "-1,10"], "--fanout=-1,10\n"),
     (["--epochs", "--lr", "3"], "argument --epochs: expected one argument\n"),
 ])
 def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(argv, message, capsys):
@@ -60,7 +61,7 @@ def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(argv, message, 
         main(argv)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {message}") and "usage:" not in err
+    assert err.startswith("error: ") and message in err and "usage:" not in err
     assert err.splitlines()[-1] == "(python -m pyg_mgpu.distributed_sampling --help lists every flag)"
 
 

@@ -22,8 +22,8 @@ from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
 from torch_geometric.loader.utils import get_edge_label_index
 
 from pyg_mgpu.sampling.checks import check_edge_label_index, check_per_seed_edge
-from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, rank_sampler,
-                                               WithoutCscThen, sampler_options, shard_epochs)
+from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, WithoutCscThen,
+                                               rank_sampler, sampler_options, shard_epochs)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 

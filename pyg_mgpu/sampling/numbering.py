@@ -7,8 +7,9 @@ nodes in order of first appearance. Two numberings share one interface
 - :class:`JointIds`: each node once per batch. A lookup array per node type maps a global id
   to its local id; it is scratch kept by the graph between batches and left clean (every entry
   :func:`unseen`) by :meth:`JointIds.close`, also after an error.
-- :class:`DisjointIds`: one tree per seed position (``disjoint=True`` and every temporal
-  batch), a node being a (tree, node) pair, numbered by :class:`~.tree_ids.TreeIds`.
+- :class:`DisjointIds`: one tree per seed (``disjoint=True`` and every temporal batch),
+  numbered over the seed types in turn, a node being a (tree, node) pair, numbered by
+  :class:`~.tree_ids.TreeIds`.
 - :class:`BatchIds`: several joint batches in one walk, node ``v`` of batch ``b`` being
   ``b * num_nodes + v`` in a lookup array of ``num_batches * num_nodes`` entries: each batch
   numbered as :class:`JointIds` numbers one.

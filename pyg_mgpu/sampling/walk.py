@@ -89,8 +89,8 @@ def walk(graph: SamplingGraph, seed: dict, fanouts: dict, *, replace: bool,
 
 def _numbering(graph: SamplingGraph, seed: dict, disjoint: bool, seed_batch: Optional[dict],
                num_batches: int) -> Numbering:
-    """The walk's local ids: a tree per seed position, a batch per ``seed_batch`` entry, or
-    one batch."""
+    """The walk's local ids: a tree per seed, a batch per ``seed_batch`` entry, or one
+    batch."""
     if disjoint:
         return DisjointIds(graph.num_nodes, seed)
     if seed_batch is not None:

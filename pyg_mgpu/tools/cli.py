@@ -35,11 +35,12 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         missing = re.fullmatch(r"argument (--[\w-]+).*: expected one argument", message)
         argv = getattr(self, "_argv", [])
-        if missing and missing.group(1) in argv[:-1]:
-            value = argv[argv.index(missing.group(1)) + 1]
-            if re.match(r"-[\d.]", value):  # argparse took the value (-1,10) for a flag
-                message += (f"; a value that starts with '-' goes after '=': "
-                            f"{missing.group(1)}={value}")
+        # argparse takes a value such as -1,10 for a flag: the last such value after the flag
+        values = [value for flag, value in zip(argv, argv[1:])
+                  if missing and flag == missing.group(1) and re.match(r"-[\d.]", value)]
+        if values:
+            message += (f"; a value that starts with '-' goes after '=': "
+                        f"{missing.group(1)}={values[-1]}")
         self.exit(2, f"error: {message}\n({self.prog} --help lists every flag)\n")
 
 
