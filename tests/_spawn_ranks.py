@@ -68,6 +68,23 @@ def evaluate_unequal_shards(ctx, result):
     result[ctx.rank, 2] = global_ratio(correct, total)
 
 
+def evaluate_a_ddp_model_on_rank_0(ctx, data, result):
+    """Rank 0 alone scores a DistributedDataParallel model with BatchNorm (whose forward
+    broadcasts buffers) and its unwrapped module; then both ranks meet at a barrier."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch_geometric.nn import GraphSAGE
+
+    from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(GraphSAGE(data.num_features, 8, 2, 3, norm="batch_norm"))
+    if ctx.is_main:
+        loader = NeighborLoader(data, [-1, -1], batch_size=64)  # every neighbour: no draws
+        result[0] = accuracy(ddp, loader, sum_over_ranks=False)
+        result[1] = accuracy(ddp.module, loader, sum_over_ranks=False)
+    dist.barrier()
+
+
 def seeds_from_cached_stores(ctx, graph, result):
     """Records this rank's seeds of one epoch over the cache's stores, and whether the features
     arrived as the mapped cache file (not a pickled copy)."""

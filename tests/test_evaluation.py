@@ -61,6 +61,15 @@ def test_unequal_shards_reduce_to_the_exact_accuracy():
     assert result[1, 1].isnan(), "rank 1 did not evaluate"
 
 
+def test_a_ddp_model_scored_on_one_rank_is_scored_through_its_module():
+    # DDP's own forward would broadcast BatchNorm's buffers and wait for rank 1 forever.
+    data = load_dataset("synthetic", synthetic=SMALL)
+    result = torch.full((2,), float("nan"), dtype=torch.float64)
+    spawn(_spawn_ranks.evaluate_a_ddp_model_on_rank_0, args=(data, result), devices="cpu",
+          nprocs=2, timeout_s=60)
+    assert 0.0 <= result[0].item() <= 1.0 and result[0].item() == result[1].item()
+
+
 def full_graph_logits(model, data):
     with torch.no_grad():
         return model.eval()(data.x, data.edge_index)

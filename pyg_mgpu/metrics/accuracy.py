@@ -58,8 +58,9 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
     batch.edge_index_dict)``, on the seeds' node type (of the returned dict, if it is one).
 
     Args:
-        model: The model; pass the unwrapped one (``ddp.module``), since
-            ``DistributedDataParallel``'s forward may run collectives of its own.
+        model: The model. A ``DistributedDataParallel`` is evaluated through its
+            ``.module``: its own forward may run collectives (a broadcast of buffers such as
+            BatchNorm's), which would wait forever for ranks that do not evaluate.
         loader: This rank's batches: its shard of the nodes, or every node when only this
             rank evaluates.
         device: Where to compute; default the model's device.
@@ -90,6 +91,8 @@ def accuracy(model: torch.nn.Module, loader: Iterable[Data], *,
                                                  batch_size=4096, distributed=True)
             val_acc = pyg_mgpu.accuracy(ddp.module, val_loader)
     """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
     device = device or model_device(model)
     correct = torch.zeros((), dtype=torch.long, device=device)
     total = 0
