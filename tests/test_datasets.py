@@ -23,6 +23,7 @@ from pyg_mgpu.data import (DATASETS, DatasetError, ConvertedGraph, SyntheticSpec
 from pyg_mgpu.data.csc import cached_csc, csc_of
 from pyg_mgpu.data.cache import CACHE_ENV
 from pyg_mgpu.data.csc import index_dtype
+from pyg_mgpu.train.setting import in_flags
 
 SMALL = SyntheticSpec(num_nodes=300, num_edges=3_000, num_features=8, num_classes=4)
 
@@ -285,7 +286,9 @@ def test_missing_dataset_fails_fast_offline(tmp_path, offline, no_stdin, name, e
         load_graph(name, tmp_path / "empty")
     assert time.monotonic() - start < 20
     message = str(info.value)
-    assert "--root" in message and expected in message and "download" in message
+    assert "pass root=DIR" in message and expected in message and "download" in message
+    # The CLI names the argument as its flag
+    assert "pass --root DIR" in in_flags(info.value)
     assert str((tmp_path / "empty").absolute()) in message
     # The folders the library made before its download failed are gone again.
     assert not (tmp_path / "empty").exists()
@@ -296,7 +299,7 @@ def test_missing_dataset_in_read_only_folder_downloads_nothing(tmp_path, no_stdi
     root.mkdir()
     os.chmod(root, stat.S_IRUSR | stat.S_IXUSR)
     try:
-        with pytest.raises(DatasetError, match="read-only.*--root"):
+        with pytest.raises(DatasetError, match="read-only.*root=DIR"):
             load_graph("reddit", root)
         assert not any(root.iterdir())
     finally:

@@ -21,7 +21,7 @@ from unittest import mock
 import torch
 
 from pyg_mgpu.data.cache import CACHE_ENV
-from pyg_mgpu.data.validation import DatasetError
+from pyg_mgpu.data.validation import DatasetArgumentError, DatasetError
 
 # What reading raw files or a failed download raises (URLError and aiohttp's errors are OSErrors).
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, RuntimeError, zipfile.BadZipFile,
@@ -61,10 +61,10 @@ def run_library(label: str, root: Path, folder: Path, expected: list[Path], url:
     writable = _is_writable(folder)
 
     def missing_error(reason: str) -> DatasetError:
-        return DatasetError(
+        return DatasetArgumentError(
             f"{label}: dataset files not found under {root.absolute()} (missing "
             f"{', '.join(map(str, missing))}) and {reason}. Fetch them on a machine with "
-            "network access and pass --root DIR, where DIR holds "
+            "network access and pass {root=DIR}, where DIR holds "
             f"{', '.join(map(str, expected))}.")
 
     if missing and not writable:

@@ -9,9 +9,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pyg_mgpu.errors import ArgumentError
+
 
 class DatasetError(ValueError):
     """Bad dataset input: the message says what is wrong and what to do."""
+
+
+class DatasetArgumentError(DatasetError, ArgumentError):
+    """A :class:`DatasetError` whose way out is an argument of the caller's, named in the
+    caller's words (``root=DIR`` to the library, ``--root DIR`` on the command line)."""
 
 
 SPLITS = ("train_idx", "val_idx", "test_idx")

@@ -233,8 +233,8 @@ def _watchdog(read_fd: int, parent_pid: int, grace_s: float) -> None:
             deadline = time.monotonic() + grace_s
         if deadline is not None and time.monotonic() >= deadline:
             print(f"pyg_mgpu: process {os.getpid()} did not end within {grace_s:g}s of "
-                  f"{signal_name(_state.signum)} (--grace-s); ending it now", file=sys.stderr,
-                  flush=True)
+                  f"{signal_name(_state.signum)} (grace_s, --grace-s on the command line); "
+                  "ending it now", file=sys.stderr, flush=True)
             os._exit(stopped_exit_code(_state.signum))
 
 
