@@ -753,6 +753,15 @@ def test_bad_input_says_what_to_do():
         NeighborSampler(data, [2], weight_attr="w")
     with pytest.raises(ValueError, match="induced"):
         NeighborSampler(data, [2], subgraph_type="induced", disjoint=True)
+    shard = {"distributed": True, "rank": 0, "world_size": 2}
+    with pytest.raises(ValueError, match="batch size must be a positive integer, got 8.5"):
+        NeighborLoader(data, [2], batch_size=8.5, **shard)
+    with pytest.raises(TypeError, match="integers, got rank='0'"):
+        NeighborLoader(data, [2], batch_size=8, **{**shard, "rank": "0"})
+    with pytest.raises(ValueError, match="no input nodes to shard"):
+        NeighborLoader(data, [2], input_nodes=torch.tensor([], dtype=torch.long), **shard)
+    import numpy as np  # numpy integers count as integers
+    assert len(NeighborLoader(data, [2], batch_size=np.int64(50), **shard)) == 2
 
 
 @pytest.mark.parametrize("options", [{}, {"weight_attr": "w"}, {"replace": True},

@@ -242,6 +242,11 @@ def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple
                              "pyg_mgpu.spawn).")
         rank = dist.get_rank() if rank is None else rank
         world_size = dist.get_world_size() if world_size is None else world_size
+    try:
+        rank, world_size = operator.index(rank), operator.index(world_size)
+    except TypeError:
+        raise TypeError(f"rank and world_size must be integers, got rank={rank!r} and "
+                        f"world_size={world_size!r}.") from None
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size}).")
     return rank, world_size

@@ -9,6 +9,7 @@ node is visited exactly once per epoch, and a tiny split still gives at least on
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 from torch import Tensor
@@ -25,15 +26,27 @@ def steps_per_epoch(num_items: int, world_size: int, batch_size: int,
     return math.ceil(largest_shard / batch_size)
 
 
+def check_count(name: str, value) -> int:
+    """``value`` as a positive int (a Python or numpy integer); a float, a string or a count
+    below 1 is refused by ``name``."""
+    try:
+        count = operator.index(value)
+    except TypeError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    return count
+
+
 def check_shardable(num_items: int, world_size: int, batch_size: int,
                     items: str = "training nodes",
                     fewer_ranks: str = "use fewer ranks ({nprocs} / {devices})") -> None:
     """Refuses what cannot give every rank the same number of batches; ``items`` names what
     is sharded, ``fewer_ranks`` how to run fewer ranks (in :class:`ArgumentError`'s terms)."""
-    if batch_size < 1:
-        raise ValueError(f"batch size must be >= 1, got {batch_size}.")
-    if world_size < 1:
-        raise ValueError(f"world size must be >= 1, got {world_size}.")
+    check_count("batch size", batch_size)
+    check_count("world size", world_size)
+    if num_items == 0:
+        raise ValueError(f"there are no {items} to shard over the ranks (an empty split?).")
     if num_items < world_size:
         raise ArgumentError(f"cannot give each of {world_size} ranks at least one of "
                             f"{num_items} {items}; {fewer_ranks}.")
