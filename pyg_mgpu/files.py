@@ -61,6 +61,12 @@ def save_text(text: str, path: Path) -> Path:
     return atomic_write(path, lambda f: f.write(text), mode="w")
 
 
+def check_writable(folder: Path) -> None:
+    """Raises the ``OSError`` of creating a file in ``folder`` (an unnamed one, gone at once),
+    so that a command refuses an output folder before its work rather than after."""
+    tempfile.TemporaryFile(dir=folder).close()
+
+
 def cannot_write(out: Path, error: OSError) -> str:
     """The one-line refusal of an output folder the commands cannot create or write into."""
     return f"--out {out}: cannot write there ({error.strerror}); choose a writable folder."

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.distributed.host import exit_without_teardown
+from pyg_mgpu.files import check_writable
 from pyg_mgpu.tools.cli import Parser, stopped_at_start_is_one_line
 
 # torch and the package's layers are imported inside the functions, as the training CLI does.
@@ -176,9 +177,7 @@ def prepare_out(out: Path, resume: bool, overwrite: bool, needed: int) -> None:
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        check_writable(out)
         free = shutil.disk_usage(out).free
         if free < needed:
             raise OSError(28, f"the outputs take {needed / 2**30:.2f} GiB and it has "

@@ -15,7 +15,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Optional, Sequence
 
 import psutil
 
-from pyg_mgpu.files import cannot_write, save_json
+from pyg_mgpu.files import cannot_write, check_writable, save_json
 from pyg_mgpu.tools.cli import Parser
 
 MB = 2 ** 20  # MB here means MiB, as in metrics.json's peak_mem_mb
@@ -299,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "or choose another path", file=sys.stderr)
             return 2
         try:  # refused now, not after the measured command has run
-            tempfile.TemporaryFile(dir=out.parent).close()
+            check_writable(out.parent)
         except OSError as e:
             print(f"error: {cannot_write(out.parent, e)}", file=sys.stderr)
             return 2

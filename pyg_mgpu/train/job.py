@@ -23,7 +23,7 @@ import torch
 
 from pyg_mgpu.distributed.devices import (RANKS_PER_CORE_LIMIT, launched_by_torchrun,
                                           resolve_devices, torchrun_device)
-from pyg_mgpu.files import cannot_write
+from pyg_mgpu.files import cannot_write, check_writable
 from pyg_mgpu.sampling.sampler_choice import resolve_sampler
 from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable, check_resume_names_a_folder
 from pyg_mgpu.train.config import ConfigError, TrainConfig
@@ -51,9 +51,7 @@ def _make_out_dir(out: Optional[str]) -> tuple[Path, bool]:
                 created = False
         else:
             path, created = _new_folder(path), True
-        probe = path / f".write-test-{os.getpid()}"  # by pid: never another process's
-        probe.write_text("")
-        probe.unlink()
+        check_writable(path)
     except OSError as e:
         raise ConfigError(cannot_write(path, e))
     return path, created
