@@ -619,6 +619,13 @@ def test_a_transform_sees_pygs_batch_and_may_return_anything(kind):
     assert e_id.dtype == plain.e_id.dtype == torch.long
     assert cached_csc(plain) is None
 
+    # Assigned after construction, as PyG allows, it still runs after the widening.
+    later = loader()
+    later.transform = transform
+    n_id, e_id = next(iter(later))
+    assert seen[-1] == (torch.long, None) and e_id.dtype == torch.long
+    assert later.transform.transform is transform
+
 
 @pytest.mark.parametrize("kwargs,error,says", [
     ({"input_nodes": torch.tensor([0, 200])}, ValueError, "input_nodes holds node ids from 0 to 200"),

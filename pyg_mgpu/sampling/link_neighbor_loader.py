@@ -22,7 +22,7 @@ from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
 from torch_geometric.loader.utils import get_edge_label_index
 
 from pyg_mgpu.sampling.checks import check_edge_label_index, check_per_seed_edge
-from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, WithoutCscThen,
+from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, TransformAfterCsc,
                                                rank_sampler, sampler_options, shard_epochs)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
@@ -55,6 +55,8 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
         (torch.Size([2, 4]), [1.0, 1.0, 0.0, 0.0])
     """
 
+    transform = TransformAfterCsc()  # the user's transform runs after e_id is widened
+
     def __init__(self, data, num_neighbors, edge_label_index=None,
                  edge_label: Optional[Tensor] = None, edge_label_time: Optional[Tensor] = None,
                  replace: bool = False, subgraph_type="directional", disjoint: bool = False,
@@ -83,7 +85,7 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
         super().__init__(data, num_neighbors, edge_label_index=edge_label_index,
                          edge_label=edge_label, edge_label_time=edge_label_time,
                          neg_sampling=neg_sampling, neg_sampling_ratio=neg_sampling_ratio,
-                         time_attr=time_attr, transform=WithoutCscThen(transform),
+                         time_attr=time_attr, transform=transform,
                          transform_sampler_output=transform_sampler_output,
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)

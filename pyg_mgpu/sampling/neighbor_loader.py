@@ -92,6 +92,47 @@ class EpochBatchSampler:
             yield [batch.tolist() for batch in batches[first:first + k]]
 
 
+def without_csc(batch):
+    """A batch without the graph's cached CSCs (a batch is a shallow copy of the graph, and
+    DataLoader workers would pickle the CSC with every batch), its ``e_id`` int64 as PyG's."""
+    for store in batch.edge_stores:
+        drop_cached_csc(store)
+        if "e_id" in store:
+            store.e_id = store.e_id.long()  # the CSC keeps the permutation int32 where it fits
+    return drop_cached_csc(batch) if isinstance(batch, Data) else batch
+
+
+class WithoutCscThen:
+    """The transform the loaders hand to PyG's: :func:`without_csc`, then the user's own.
+
+    PyG applies its loader's transform last, so a user's transform sees the batch as PyG's
+    would be (``e_id`` int64) and may return anything, a tuple or a dict as well. A class,
+    not a closure, so that DataLoader workers started by spawn can pickle it.
+    """
+
+    def __init__(self, transform: Optional[Callable]):
+        self.transform = transform
+
+    def __call__(self, batch):
+        batch = without_csc(batch)
+        return batch if self.transform is None else self.transform(batch)
+
+
+class TransformAfterCsc:
+    """A loader's ``transform`` attribute: whatever is assigned, in PyG's constructor or later
+    by the user, is kept as :class:`WithoutCscThen` around it, so that PyG's ``filter_fn``
+    (which reads ``self.transform``) always widens ``e_id`` first. Reading it gives that
+    wrapper; the user's own function is its ``.transform``."""
+
+    def __get__(self, loader, owner=None):
+        return self if loader is None else loader.__dict__["_transform"]
+
+    def __set__(self, loader, transform: Optional[Callable]) -> None:
+        if not isinstance(transform, WithoutCscThen):
+            transform = WithoutCscThen(transform)
+        loader.__dict__["_transform"] = transform
+
+
 class NeighborLoader(PyGNeighborLoader):
     """A drop-in for ``torch_geometric.loader.NeighborLoader`` that needs neither pyg-lib nor
     torch-sparse: ``data`` is a ``Data``, a ``HeteroData`` (``input_nodes=(node_type,
@@ -135,6 +176,8 @@ class NeighborLoader(PyGNeighborLoader):
                 for batch in loader: ...
     """
 
+    transform = TransformAfterCsc()  # the user's transform runs after e_id is widened
+
     def __init__(
         self,
         data: Data,
@@ -175,7 +218,7 @@ class NeighborLoader(PyGNeighborLoader):
             self.epoch_sampler.batches_per_walk = self.sample_batches
         self._walks: Optional[WalkBatches] = None
         super().__init__(data, num_neighbors, input_nodes=input_nodes, input_time=input_time,
-                         time_attr=time_attr, transform=WithoutCscThen(transform),
+                         time_attr=time_attr, transform=transform,
                          transform_sampler_output=transform_sampler_output,
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)
@@ -306,29 +349,3 @@ def epoch_sampler(num_inputs: int, kwargs: dict, *, seed: int, rank: int,
     shuffle = kwargs.pop("shuffle", False)
     return EpochBatchSampler(num_inputs, seed=seed, rank=rank, world_size=world_size,
                              batch_size=batch_size, shuffle=shuffle, items=items)
-
-
-def without_csc(batch):
-    """A batch without the graph's cached CSCs (a batch is a shallow copy of the graph, and
-    DataLoader workers would pickle the CSC with every batch), its ``e_id`` int64 as PyG's."""
-    for store in batch.edge_stores:
-        drop_cached_csc(store)
-        if "e_id" in store:
-            store.e_id = store.e_id.long()  # the CSC keeps the permutation int32 where it fits
-    return drop_cached_csc(batch) if isinstance(batch, Data) else batch
-
-
-class WithoutCscThen:
-    """The transform the loaders hand to PyG's: :func:`without_csc`, then the user's own.
-
-    PyG applies its loader's transform last, so a user's transform sees the batch as PyG's
-    would be (``e_id`` int64) and may return anything, a tuple or a dict as well. A class,
-    not a closure, so that DataLoader workers started by spawn can pickle it.
-    """
-
-    def __init__(self, transform: Optional[Callable]):
-        self.transform = transform
-
-    def __call__(self, batch):
-        batch = without_csc(batch)
-        return batch if self.transform is None else self.transform(batch)
