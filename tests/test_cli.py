@@ -75,7 +75,8 @@ def test_help_a_refused_flag_and_a_refused_setting_never_load_torch():
              "    code = e.code\n"
              "print(code, 'torch' in sys.modules)\n")
     for argv, code in ((["--help"], 0), (["--epochs", "x"], 2), (["--epochs", "0"], 2),
-                       (["--fanout", "10,-1,x"], 2)):
+                       (["--fanout", "10,-1,x"], 2),
+                       (["--dataset", "synthetic-hetero", "--model", "gat"], 2)):
         proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
                               text=True, timeout=120)
         assert proc.stdout.splitlines()[-1] == f"{code} False", (argv, proc.stdout[-300:])

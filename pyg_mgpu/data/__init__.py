@@ -20,7 +20,11 @@ _HOMES = {
     "open_stores": "pyg_mgpu.data.stores",
 }
 
-__all__ = sorted(_HOMES)
+HETERO_DATASETS = ("ogbn-mag", "synthetic-hetero")
+"""Dataset names that :func:`pyg_mgpu.load_dataset` returns as a ``HeteroData`` (named here,
+where nothing imports torch, so that the CLI refuses a setting they lack at once)."""
+
+__all__ = sorted([*_HOMES, "HETERO_DATASETS"])
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,8 @@ import torch
 from pyg_mgpu.data import sources
 from pyg_mgpu.data.cache import cache_folder, load_cached
 from pyg_mgpu.data.graph import ConvertedGraph, feature_dtype_for
-from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS, load_hetero_dataset
+from pyg_mgpu.data import HETERO_DATASETS
+from pyg_mgpu.data.hetero_datasets import load_hetero_dataset
 from pyg_mgpu.data.sources import PLANETOID
 from pyg_mgpu.data.synthetic import SyntheticSpec, make_synthetic
 from pyg_mgpu.data.validation import DatasetError
@@ -48,7 +49,7 @@ def load_dataset(
 
     Args:
         name: One of :data:`DATASETS` (case-insensitive), or a path ending in ``.npz``; or
-            one of :data:`~pyg_mgpu.data.hetero_datasets.HETERO_DATASETS` (``ogbn-mag``,
+            one of :data:`~pyg_mgpu.data.HETERO_DATASETS` (``ogbn-mag``,
             ``synthetic-hetero``), returned as a ``HeteroData`` with the labelled type's masks.
         root: Data folder for PyG and OGB datasets; default ``./data`` (``./data/reddit`` for
             Reddit).

@@ -28,9 +28,6 @@ if TYPE_CHECKING:  # PyG is imported when a heterogeneous graph is loaded, not f
     from pyg_mgpu.data.hetero_graph import HeteroGraph
     from pyg_mgpu.data.synthetic_hetero import SyntheticHeteroSpec
 
-HETERO_DATASETS = ("ogbn-mag", "synthetic-hetero")
-"""Dataset names that :func:`pyg_mgpu.load_dataset` returns as a ``HeteroData``."""
-
 _MAG_URL = "http://snap.stanford.edu/ogb/data/nodeproppred/mag.zip"
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import SAGEConv
 
-HETERO_MODELS = ("sage", "rgcn")
+from pyg_mgpu.nn import HETERO_MODELS
 
 
 def _key(edge_type: tuple) -> str:

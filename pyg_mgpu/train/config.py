@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pyg_mgpu.distributed.devices import BACKENDS
+from pyg_mgpu.nn import HETERO_MODELS
 from pyg_mgpu.train.recipes import (HOMOGENEOUS_MODELS, MODEL_RECIPES, MODELS, NORMS,
                                     RECIPE_FIELDS, RECIPES)
 from pyg_mgpu.train.setting import ConfigError, flag_fields, flag_of, in_flags
@@ -126,7 +127,6 @@ class TrainConfig:
 
     def _check_hetero(self) -> None:
         """What the heterogeneous path does not do (yet), each with its way out."""
-        from pyg_mgpu.nn.hetero import HETERO_MODELS
         if self.model.model not in HETERO_MODELS:
             raise ConfigError(f"--dataset {self.data.dataset} is heterogeneous: --model must be "
                               f"one of {', '.join(HETERO_MODELS)}, got {self.model.model}.")

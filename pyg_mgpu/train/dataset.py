@@ -25,7 +25,7 @@ def load_configured(cfg: TrainConfig, *, for_training: bool = True,
                     placement: Optional[str] = None) -> ConvertedGraph | HeteroGraph:
     """The dataset a run's config names (dataset, root, seed, the synthetic size and the cache
     settings). A heterogeneous dataset
-    (:data:`~pyg_mgpu.data.hetero_datasets.HETERO_DATASETS`) comes as a
+    (:data:`~pyg_mgpu.data.HETERO_DATASETS`) comes as a
     :class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`, read without the converted-graph cache.
 
     ``for_training`` applies the run's storage choices (bf16 features with ``--amp bf16``;

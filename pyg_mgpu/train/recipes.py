@@ -2,6 +2,8 @@
 example for it fixes, which a run takes unless a flag says otherwise."""
 from __future__ import annotations
 
+from pyg_mgpu.nn import HETERO_MODELS
+
 # "pyg_mgpu": trimmed layers, embedding-bag mean aggregation, fused ReLU/byte dropout. "pyg":
 # PyG's multi-GPU example as written (every layer on every sampled node, gather/scatter
 # messages, torch dropout), kept as the benchmark baseline.
@@ -9,7 +11,7 @@ RECIPES = ("pyg_mgpu", "pyg")
 # "sage": our GraphSAGE (the fast path above); gcn, gat, gin: PyG's models (nn/models.py). On a
 # heterogeneous dataset: sage = SAGEConv per edge type, rgcn = R-GCN (nn/hetero.py).
 HOMOGENEOUS_MODELS = ("sage", "gcn", "gat", "gin")
-MODELS = HOMOGENEOUS_MODELS + ("rgcn",)
+MODELS = HOMOGENEOUS_MODELS + tuple(m for m in HETERO_MODELS if m not in HOMOGENEOUS_MODELS)
 # Normalization after each hidden layer of PyG's models (--model gcn, gat, gin), and inside
 # GIN's MLPs: PyG's BatchNorm (per batch in training, running statistics in evaluation) or
 # LayerNorm over each node's features.

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from pyg_mgpu.data import HETERO_DATASETS
 from pyg_mgpu.distributed.devices import BACKENDS, backend_for
 from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.train.recipes import MODEL_RECIPES, MODELS, NORMS, RECIPE_FIELDS, RECIPES
@@ -57,7 +58,6 @@ class DataSettings:
     @property
     def is_hetero(self) -> bool:
         """Whether ``--dataset`` names a heterogeneous graph (``HeteroData``)."""
-        from pyg_mgpu.data.hetero_datasets import HETERO_DATASETS
         return self.dataset.lower() in HETERO_DATASETS
 
 
