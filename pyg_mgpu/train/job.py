@@ -133,7 +133,6 @@ def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
     """The run in a claimed ``out``; under torchrun (``out`` None) as one rank of the job."""
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
     from pyg_mgpu.distributed.launch import launch_local
-    from pyg_mgpu.train.plots import plot_run
 
     torchrun = launched_by_torchrun()
     devices = _resolve_devices(cfg, torchrun)
@@ -158,5 +157,7 @@ def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
                  timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
                  grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu",
                  skip_teardown=True)
+    from pyg_mgpu.train.plots import plot_run  # matplotlib: 0.5 s the ranks need not wait for
+
     plot_run(out)
     return out
