@@ -5,8 +5,10 @@ the epochs few; the accuracy bars sit far above chance (1/16 on the synthetic gr
 Cora) and well below what the runs reached when written (synthetic 0.875-0.94, Cora 0.79-0.80).
 """
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +108,38 @@ def test_link_prediction_beats_its_features_only_baseline(tmp_path):
     # Measured when written: test AUC 0.81 against 0.54 for the features alone.
     assert metrics["test_auc"] >= 0.65
     assert metrics["test_auc"] >= metrics["features_only_test_auc"] + 0.1
+
+
+@pytest.mark.slow
+def test_stop_and_resume_stops_at_a_step_and_trains_the_rest_of_its_epoch(tmp_path):
+    out = tmp_path / "run"
+    args = [*CPU_RANKS, "--num-nodes", "2000", "--num-edges", "40000", "--batch-size", "64",
+            "--out", str(out)]
+    cmd = [sys.executable, str(EXAMPLES / "stop_and_resume.py"), *args, "--epochs", "100"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("epoch 2 step 3:"):
+                proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler sends it
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    first = "".join(lines)
+    assert code == 143, first
+    per_epoch = max(int(n) for n in re.findall(r"^epoch 1 step (\d+):", first, re.M))
+    stopped = re.search(r"^stopped: checkpoint at epoch (\d+) step (\d+)$", first, re.M)
+    assert stopped, first
+    epoch, step = int(stopped.group(1)), int(stopped.group(2))
+    assert (out / "checkpoint.pt").exists() and not list(out.glob("*.partial"))
+
+    # Run again (to the stopped epoch's end): it trains that epoch's remaining steps only.
+    output = run_example("stop_and_resume.py", *args, "--epochs", str(epoch), cwd=tmp_path)
+    assert f"resuming epoch {epoch} after step {step}" in output, output
+    resumed = [int(n) for n in re.findall(rf"^epoch {epoch} step (\d+):", output, re.M)]
+    assert resumed == list(range(step + 1, per_epoch + 1)), output
+    assert custom_model_test_acc(output) > 0.2, output
+    assert not (out / "checkpoint.pt").exists()  # finished: the next run starts afresh
