@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="weights to load: a best.pt, or a checkpoint.pt (its "
                                         "latest weights) (default: RUN_DIR/best.pt)")
     p.add_argument("--out", help="output folder (default: RUN_DIR/predictions)")
+    p.add_argument("--root", help="folder the dataset lives in, where it has moved since the "
+                                  "run (default: the run's)")
     p.add_argument("--outputs", default=_DEFAULT_OUTPUTS,
                    help=f"comma-separated, any of {', '.join(OUTPUTS)}")
     p.add_argument("--embeddings", type=int, metavar="LAYER",
@@ -121,9 +123,12 @@ def read_weights(run_dir: Path, checkpoint: Optional[str], config: dict, metrics
     if isinstance(saved, dict) and "model" in saved and "config" in saved:  # a checkpoint.pt
         other_config, other_fingerprint = saved["config"], saved.get("data_fingerprint")
         saved = saved["model"]
-    elif path.parent.resolve() != run_dir.resolve() and (path.parent / "metrics.json").is_file():
-        other = json.loads((path.parent / "metrics.json").read_text())
-        other_config, other_fingerprint = other.get("config"), other.get("data_fingerprint")
+    elif path.parent.resolve() != run_dir.resolve():  # best.pt of another run folder
+        try:
+            other, other_config = read_run(path.parent)  # finished, or stopped part way
+            other_fingerprint = other.get("data_fingerprint")
+        except ValueError:
+            pass  # a state_dict saved elsewhere: only its fit to the model is checked
     if not isinstance(saved, dict) or not all(torch.is_tensor(v) for v in saved.values()):
         raise ValueError(f"{path}: not a model's state_dict or a pyg_mgpu checkpoint.")
     for key in _SAME_MODEL_AND_DATA if other_config else ():
@@ -273,6 +278,8 @@ def run(args) -> dict:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}.")
     run_dir = Path(args.run_dir)
     metrics, config = read_run(run_dir)
+    if args.root is not None:  # the data fingerprint below still checks that it is the same data
+        config = {**config, "root": args.root}
     known = TrainConfig().flat()
     cfg = TrainConfig.from_flags(**{k: v for k, v in config.items() if k in known})
     check_embeddings(args.embeddings, cfg.training.num_layers)

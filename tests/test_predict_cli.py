@@ -133,6 +133,12 @@ def test_bad_input_is_one_error_line_and_nothing_is_written(run_copy, tmp_path, 
     shutil.copy(run_copy / "best.pt", other / "best.pt")
     assert "was trained with num_nodes=2000" in error_of(
         base + ["--checkpoint", str(other / "best.pt")], capsys)
+    # The same from a run that was stopped (its config is in checkpoint.pt, no metrics.json).
+    (other / "metrics.json").unlink()
+    torch.save({"config": metrics["config"], "data_fingerprint": metrics["data_fingerprint"]},
+               other / "checkpoint.pt")
+    assert "was trained with num_nodes=2000" in error_of(
+        base + ["--checkpoint", str(other / "best.pt")], capsys)
     # Output folders it cannot write to, or that lack the room.
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -223,3 +229,23 @@ def test_resuming_layers_of_another_model_or_data_is_one_error_line(other, heter
     err = error_of([str(folder), "--out", str(out), "--resume", "--devices", "cpu",
                     "--nprocs", "1"], capsys)
     assert f"holds layers or outputs computed with other {other}; start afresh" in err
+
+
+@pytest.mark.slow
+def test_a_run_given_relative_paths_predicts_from_any_folder_and_after_its_data_moved(
+        shared_data, tmp_path, monkeypatch, capsys):
+    work, run = tmp_path / "work", tmp_path / "run"
+    shutil.copytree(shared_data / "planetoid" / "Cora", work / "planetoid" / "Cora")
+    monkeypatch.chdir(work)
+    assert train(["--dataset", "cora", "--root", "planetoid", "--no-cache", "--epochs", "1",
+                  "--devices", "cpu", "--nprocs", "1", "--out", str(run)]) == 0
+    common = ["--outputs", "labels", "--devices", "cpu", "--nprocs", "1"]
+    monkeypatch.chdir(tmp_path)  # not the folder the run started in
+    assert main([str(run), "--out", "from-elsewhere", *common]) == 0
+    shutil.move(work / "planetoid", tmp_path / "moved")
+    capsys.readouterr()
+    assert "pass --root DIR" in error_of([str(run), "--out", "after-the-move", *common], capsys)
+    assert main([str(run), "--out", "after-the-move", "--root", "moved", *common]) == 0
+    first, second = (json.loads((tmp_path / out / "predictions.json").read_text())["accuracy"]
+                     for out in ("from-elsewhere", "after-the-move"))
+    assert first == second and first["test"]["nodes"] == 1000

@@ -75,6 +75,7 @@ def run(cfg: TrainConfig) -> Path:
     returns the output folder."""
     resolve_sampler(cfg.training.sampler)
     check_resume_names_a_folder(cfg.faults.resume)
+    cfg.data.make_paths_absolute()  # as recorded: predict may start in another folder
     if cfg.faults.resume == "auto":  # a restarted job continues; a first start starts afresh
         restarted = (Path(cfg.outputs.out) / CHECKPOINT).is_file()
         cfg.faults.resume = cfg.outputs.out if restarted else None

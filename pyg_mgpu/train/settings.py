@@ -7,6 +7,7 @@ the CLI's parser is made from these groups, and each group checks its own values
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -54,6 +55,17 @@ class DataSettings:
         if self.features_on == "mmap" and self.no_cache:
             raise ConfigError("--features-on mmap maps the graph cache's files, which --no-cache "
                               "turns off; drop one of the two.")
+
+    def make_paths_absolute(self) -> None:
+        """``root``, ``cache_dir`` and a ``.npz`` dataset as absolute paths: what the run
+        records then names the same files from any folder (``python -m pyg_mgpu.predict``
+        started elsewhere, ``--resume`` from another working directory)."""
+        if self.root is not None:
+            self.root = os.path.abspath(self.root)
+        if self.cache_dir is not None:
+            self.cache_dir = os.path.abspath(os.path.expanduser(self.cache_dir))
+        if self.dataset.endswith(".npz"):
+            self.dataset = os.path.abspath(self.dataset)
 
     @property
     def is_hetero(self) -> bool:
