@@ -17,7 +17,8 @@ from pyg_mgpu.distributed_sampling import main
 from pyg_mgpu.train.job import make_out_dir
 from pyg_mgpu.train.checkpoint import CHECKPOINT
 from pyg_mgpu.train import run_folder
-from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder, hold_run_folder
+from pyg_mgpu.train.run_folder import (RunFolderError, claim_run_folder, hold_run_folder,
+                                       start_afresh)
 
 from _processes import ignore_sigint, kill_group, wait_for_exit, wait_for_output
 
@@ -157,13 +158,24 @@ def test_the_writing_rank_keeps_the_folder_locked_after_its_launcher(tmp_path, m
             pass
 
 
-def test_overwrite_deletes_the_previous_checkpoint_before_the_run(tmp_path):
+def test_overwrite_deletes_the_previous_checkpoint_when_the_run_starts_afresh(tmp_path):
     hand_made_checkpoint(tmp_path)
     with claim_run_folder(tmp_path, resume=None, overwrite=True):
+        assert (tmp_path / CHECKPOINT).exists()  # kept while the run may still be refused
+        start_afresh(tmp_path, resume=None, overwrite=True)
         assert not (tmp_path / CHECKPOINT).exists()  # never named as this run's own
     hand_made_checkpoint(tmp_path)
     with claim_run_folder(tmp_path, resume=str(tmp_path), overwrite=True):
+        start_afresh(tmp_path, resume=str(tmp_path), overwrite=True)
         assert (tmp_path / CHECKPOINT).exists()  # continued, not replaced
+
+
+@pytest.mark.parametrize("mistake", [["--dataset", "no-such-graph.npz"], ["--nprocs", "99"]])
+def test_an_overwrite_refused_for_its_flags_keeps_the_checkpoint(mistake, tmp_path, capsys):
+    saved = hand_made_checkpoint(tmp_path / "run")
+    assert main(TINY + ["--out", str(tmp_path / "run"), "--overwrite", *mistake]) == 2
+    assert len(error_lines(capsys.readouterr().err)) == 1
+    assert (tmp_path / "run" / CHECKPOINT).read_bytes() == saved
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):

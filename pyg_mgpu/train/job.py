@@ -134,6 +134,7 @@ def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
     """The run in a claimed ``out``; under torchrun (``out`` None) as one rank of the job."""
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
     from pyg_mgpu.distributed.launch import launch_local
+    from pyg_mgpu.train.run_folder import start_afresh
 
     torchrun = launched_by_torchrun()
     devices = _resolve_devices(cfg, torchrun)
@@ -150,6 +151,7 @@ def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
     print(run_header(graph, cfg, load_s, f"{world_size} rank(s) on {devices[0].type} | "
                      f"threads/rank {max(1, usable_cores() // world_size)}"), flush=True)
     release_free_heap()
+    start_afresh(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite)
     # On the ranks resolved above (spawn would resolve them again); the graph is shared already.
     # PyG's recipe is the baseline: it runs as PyG's example would, on an untuned allocator.
     launch_local(_train_rank, devices,

@@ -25,7 +25,7 @@ from pyg_mgpu.train.checkpoint import save_torch
 from pyg_mgpu.train.config import TrainConfig
 from pyg_mgpu.train.dataset import load_checked, load_configured, run_header
 from pyg_mgpu.train.loop import fewest_and_most
-from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder
+from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder, start_afresh
 
 
 def _shm_path() -> Path:
@@ -129,6 +129,7 @@ def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path], device: to
             if ctx.is_main:
                 print(run_header(graph, cfg, load_s, f"{ctx.world_size} rank(s) under torchrun "
                                  f"on {ctx.device.type}"), flush=True)
+                start_afresh(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite)
             run_training(ctx, graph, cfg, str(out), {"load_time_s": load_s,
                                                      "launcher": "torchrun",
                                                      "data_fingerprint": fingerprint})

@@ -72,7 +72,9 @@ def _holder(folder: Path) -> str:
 def claim_run_folder(out: Path, *, resume: Optional[str], overwrite: bool,
                      warn: Callable[[str], None] = _warn) -> Iterator[None]:
     """Holds ``out``'s lock for the body; before it starts, removes the partial files a killed
-    writer left (``.checkpoint.pt.*.tmp``) and, with ``overwrite``, the previous checkpoint.
+    writer left (``.checkpoint.pt.*.tmp``). With ``overwrite`` the previous checkpoint stays
+    until the run has passed its checks and starts training (:func:`start_afresh`): a run
+    refused for a typo in its flags loses nothing.
 
     Args:
         out: The run's output folder (it exists).
@@ -96,11 +98,17 @@ def claim_run_folder(out: Path, *, resume: Optional[str], overwrite: bool,
             remove_partial_writes(out)
             # Shared from here on: the run's rank takes it too; any other claim still fails.
             _lock(fd, fcntl.LOCK_SH, out, warn)
-        if overwrite and not _continues(out, resume):
-            (out / CHECKPOINT).unlink(missing_ok=True)  # never taken for this run's own
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def start_afresh(out: Path, *, resume: Optional[str], overwrite: bool) -> None:
+    """With ``overwrite``, deletes the previous run's checkpoint in ``out`` (a run that does not
+    continue it): called once the run's data is loaded and its ranks are about to train, so
+    that a later ``--resume`` never takes the earlier run's checkpoint for this run's own."""
+    if overwrite and not _continues(out, resume):
+        (out / CHECKPOINT).unlink(missing_ok=True)
 
 
 def _lock(fd: int, kind: int, out: Path, warn, wait_s: float = 0.0) -> bool:
