@@ -100,6 +100,23 @@ def test_a_checkpoint_pyg_mgpu_did_not_write_is_refused_in_one_line(tmp_path, ca
                            f"pyg_mgpu ({why}); pass the --out folder of a pyg_mgpu run.")
 
 
+def test_a_checkpoint_damaged_inside_its_weights_is_refused_before_the_ranks_start(tmp_path,
+                                                                                 capsys):
+    from pyg_mgpu.train.config import TrainConfig
+    config = TrainConfig.from_flags(num_nodes=2000, num_edges=20000, num_features=8,
+                                    num_classes=4, hidden=16, batch_size=256).to_dict()
+    torch.save({"config": config, "world_size": 2, "epoch": 1, "step": None,
+                "model": {"w": torch.randn(100_000)}, "optimizer": {}, "history": [],
+                "best": {}, "rng": []}, tmp_path / "checkpoint.pt")
+    damaged = bytearray((tmp_path / "checkpoint.pt").read_bytes())
+    middle = len(damaged) // 2  # inside the weights, which a mapped load never reads
+    damaged[middle:middle + 4096] = bytes(4096)
+    (tmp_path / "checkpoint.pt").write_bytes(damaged)
+    assert main(TINY + ["--resume", str(tmp_path), "--epochs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "/data/0 fails its checksum" in err, err
+
+
 @pytest.mark.slow
 def test_resume_with_other_settings_is_refused(tmp_path, capsys):
     assert main(TINY + ["--epochs", "2", "--out", str(tmp_path)]) == 0

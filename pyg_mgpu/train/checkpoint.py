@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -51,12 +52,18 @@ def check_resumable(cfg, world_size: int) -> dict:
         raise ValueError(f"--resume {cfg.faults.resume}: no {CHECKPOINT} there; pass the --out "
                          "folder of a run that finished at least one epoch.")
     try:
-        # mmap: the check reads the config, not the weights (each rank loads those itself).
-        # To host memory: a GPU run's checkpoint must not open a CUDA context (or fail) here.
+        # mmap: the check reads the config, not the weights (each rank loads those itself),
+        # and checks every byte against its CRC without unpickling. To host memory: a GPU
+        # run's checkpoint must not open a CUDA context (or fail) here.
         ckpt = torch.load(path, weights_only=False, mmap=True, map_location="cpu")
+        damaged = damaged_entry(path)
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"--resume {cfg.faults.resume}: {CHECKPOINT} is unreadable ({e}); it was not "
                          "written by pyg_mgpu, or the disk lost it.")
+    if damaged:
+        raise ValueError(f"--resume {cfg.faults.resume}: {CHECKPOINT} is unreadable (its part "
+                         f"{damaged} fails its checksum); the disk lost part of it. Resume from "
+                         "a copy, or start afresh with --overwrite.")
     foreign = not_a_checkpoint(ckpt)
     if foreign:
         raise ValueError(f"--resume {cfg.faults.resume}: {CHECKPOINT} was not written by "
@@ -118,6 +125,15 @@ def _same_file(now: str, before: str, ckpt: dict) -> bool:
         return os.path.samefile(now, before)
     except OSError:  # the checkpoint's path no longer exists (or names no file)
         return False
+
+
+def damaged_entry(path: Path) -> Optional[str]:
+    """The first entry of a checkpoint (a zip archive, as ``torch.save`` writes it) whose bytes
+    fail their CRC, or None. ``torch.load`` checks none of them, and a mapped load reads only
+    the headers: damage inside a tensor would show first in the ranks, as a crash or as wrong
+    weights. Reads the whole file (a checkpoint of a few MiB: milliseconds)."""
+    with zipfile.ZipFile(path) as archive:
+        return archive.testzip()
 
 
 def rng_state(sampler, device: torch.device, sampler_state=None) -> dict:
