@@ -36,7 +36,7 @@ def sleep_until_stopped(ctx):
 def ignore_the_stop(ctx):
     """Opts into graceful stops, then never looks: the grace period must end it."""
     with stop.graceful():
-        print(f"rank {ctx.rank} ready", flush=True)
+        print(f"rank {ctx.rank} ready (pid {os.getpid()})", flush=True)
         while True:
             time.sleep(0.05)
 

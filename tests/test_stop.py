@@ -363,6 +363,9 @@ def test_ranks_agree_on_the_step_to_stop_at(shared):
     # Each rank gets the signal twice (from the group, then forwarded): cleanup goes on.
     ("sleep", 30, "stopped by SIGTERM", "process group"),
     ("ignore", 2, "stopped by SIGTERM (rank", "launcher"),  # ... had not ended within 2s ...
+    # Rank 1 frozen (its watchdog cannot run): rank 0's watchdog ends it after the grace
+    # period, and rank 1, killed by the launcher, is named too.
+    ("ignore", 2, "stopped by SIGTERM (ranks 0, 1 had not ended", "launcher, rank 1 frozen"),
 ])
 def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message, to):
     log = tmp_path / "log.txt"
@@ -372,8 +375,11 @@ def test_spawn_stops_a_users_ranks(tmp_path, target, grace_s, message, to):
         wait_for_output(job, log, "rank 0 ready", timeout_s=60)
         wait_for_output(job, log, "rank 1 ready", timeout_s=60)
         ranks = psutil.Process(job.pid).children()
+        if to.endswith("rank 1 frozen"):
+            os.kill(int(re.search(r"rank 1 ready \(pid (\d+)\)", log.read_text())[1]),
+                    signal.SIGSTOP)
         started = time.monotonic()
-        if to == "launcher":
+        if to.startswith("launcher"):
             job.send_signal(signal.SIGTERM)
         else:
             os.killpg(job.pid, signal.SIGTERM)

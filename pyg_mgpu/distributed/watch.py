@@ -93,7 +93,7 @@ def watch_ranks(processes: list, signals: LauncherSignals) -> Outcome:
             multiprocessing.connection.wait([p.sentinel for p in running], timeout=0.25)
         # Scanned after `running` was taken, so ranks that all end at once are still seen.
         for index, process in enumerate(processes):
-            if (process.exitcode not in (None, 0, stopped_by(signals.signum))
+            if (process.exitcode not in (None, 0, *stop_exit_codes(signals.signum))
                     and index not in outcome.killed_after_grace  # killed here: stopped
                     and outcome.first_failed is None):
                 outcome.first_failed = (index, process.exitcode)
@@ -114,6 +114,15 @@ def stopped_by(signum: int) -> Optional[int]:
     """The exit code of a rank that the launcher's stop signal ended before (still importing)
     or after (exiting) its handler: a stop, not a failure. None without a signal."""
     return -signum if signum else None
+
+
+def stop_exit_codes(signum: int) -> tuple:
+    """The exit codes of a rank that the launcher's stop signal ended: by the signal itself
+    (:func:`stopped_by`), or by the rank's own watchdog at the end of the grace period
+    (128 + the signal). Neither is a failure that should end the other ranks at once: they
+    have until the launcher's own deadline, and those still running then are named as killed.
+    Empty without a signal."""
+    return (-signum, stop.stopped_exit_code(signum)) if signum else ()
 
 
 def kill(processes: list) -> None:
