@@ -117,6 +117,20 @@ def test_a_checkpoint_damaged_inside_its_weights_is_refused_before_the_ranks_sta
     assert err.count("error:") == 1 and "/data/0 fails its checksum" in err, err
 
 
+def test_resume_with_other_amp_names_it_before_loading_the_data(tmp_path, capsys):
+    # --amp bf16 stores the features in bf16: the data fingerprint would differ too, and the
+    # refusal would blame the data.
+    from pyg_mgpu.train.config import TrainConfig
+    config = TrainConfig.from_flags(num_nodes=2000, num_edges=20000, num_features=8,
+                                    num_classes=4, hidden=16, batch_size=256).to_dict()
+    torch.save({"config": config, "world_size": 2, "epoch": 1, "step": None, "model": {},
+                "optimizer": {}, "history": [], "best": {}, "rng": []},
+               tmp_path / "checkpoint.pt")
+    assert main(TINY + ["--resume", str(tmp_path), "--epochs", "2", "--amp", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert "trained with amp='none' but this run asks for 'bf16'" in err, err
+
+
 @pytest.mark.slow
 def test_resume_with_other_settings_is_refused(tmp_path, capsys):
     assert main(TINY + ["--epochs", "2", "--out", str(tmp_path)]) == 0

@@ -250,7 +250,7 @@ class RankSettings:
 class PerformanceSettings:
     TITLE = "performance"
     amp: str = setting("none", "bf16 autocast for the model, features stored in bf16 (CPU with "
-                       "AVX512-BF16/AMX, or GPU)", choices=AMP_MODES)
+                       "AVX512-BF16/AMX, or GPU)", choices=AMP_MODES, same_on_resume=True)
     matmul_precision: str = setting(
         "highest", "float32 matmuls: highest = strict fp32; high = TF32 on NVIDIA GPUs (Ampere "
         "and later: fp32 range, a 10-bit mantissa, several times the fp32 matmul rate). CPUs "
