@@ -45,6 +45,7 @@ MODELS = {
     "PyG GCN without self-loops": lambda: pyg_nn.GCN(8, 16, 2, out_channels=5,
                                                      add_self_loops=False),
     "PyG GAT": lambda: pyg_nn.GAT(8, 16, 2, out_channels=5, heads=2),
+    "PyG GATv2": lambda: pyg_nn.GAT(8, 16, 2, out_channels=5, heads=2, v2=True),
     "PyG GIN with BatchNorm": lambda: pyg_nn.GIN(8, 16, 3, out_channels=5, norm="batch_norm"),
     "PyG GraphSAGE, jk last": lambda: pyg_nn.GraphSAGE(8, 16, 2, out_channels=5, jk="last"),
     # Message passing: sage_layer computes neither projection nor normalization.
@@ -105,6 +106,13 @@ def test_requested_nodes_get_their_rows_in_their_order_and_a_hidden_layers_outpu
                                    model(data.x, data.edge_index)[nodes], rtol=0, atol=1e-4)
         torch.testing.assert_close(tensor(got.embeddings[:]), expected[nodes],
                                    rtol=0, atol=1e-4)
+    # The same ids as a numpy array or a list, as a user may hold them.
+    for as_given in (nodes.numpy(), nodes.tolist()):
+        got = pyg_mgpu.predict(model, data, tmp_path / type(as_given).__name__, nodes=as_given,
+                               batch_size=4)
+        assert np.array_equal(got.node_ids, nodes.numpy())
+        torch.testing.assert_close(tensor(got.logits[:]),
+                                   model(data.x, data.edge_index)[nodes], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

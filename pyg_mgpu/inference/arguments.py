@@ -92,8 +92,15 @@ def _host(csc) -> tuple[Tensor, Tensor]:
     return csc.colptr.cpu(), csc.row.cpu()
 
 
-def check_nodes(nodes: Tensor, num_nodes: int) -> Tensor:
-    """``nodes`` as int64 ids, refused unless they are distinct ids of the graph."""
+def check_nodes(nodes, num_nodes: int) -> Tensor:
+    """``nodes`` (a tensor, a numpy array or a sequence of ids) as an int64 tensor, refused
+    unless they are distinct ids of the graph."""
+    if not torch.is_tensor(nodes):
+        try:
+            nodes = torch.as_tensor(nodes)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ArgumentError(f"{{nodes}} takes node ids (a tensor, array or list of "
+                                f"integers), got {type(nodes).__name__}: {e}") from None
     if nodes.dtype == torch.bool:
         raise ArgumentError("{nodes} takes node ids; for a mask pass mask.nonzero().view(-1).")
     if nodes.dim() != 1 or nodes.numel() == 0 or nodes.is_floating_point():

@@ -20,6 +20,8 @@ pyg_mgpu's heterogeneous models).
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
@@ -85,7 +87,10 @@ class Layer:
             torch.cumsum(torch.bincount(edge_index[1], minlength=num_dst), 0, out=ptr[1:])
             out = sage_layer(self.conv, x_src, num_dst, ptr, edge_index[0])
         elif self.gcn is None:
-            out = self.conv((x_src, x_src[:num_dst]), edge_index, size=(x_src.size(0), num_dst))
+            # Bipartite (source rows, destination rows); GATv2Conv takes no size and reads it
+            # from the two row counts.
+            size = {"size": (x_src.size(0), num_dst)} if _takes_size(type(self.conv)) else {}
+            out = self.conv((x_src, x_src[:num_dst]), edge_index, **size)
         else:
             edge_index, weight = _gcn_block(edge_index, num_dst, inv_sqrt_deg, self.gcn)
             with _normalize_off(self.conv):
@@ -103,6 +108,11 @@ class Layer:
         src = row[e0:e1].to(table.device, torch.long)
         return self.after(sage_layer(self.conv, table, end - start, ptr, src,
                                      root=table[start:end]))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_size(conv_type: type) -> bool:
+    return "size" in inspect.signature(conv_type.forward).parameters
 
 
 def computes_as_sage_layer(conv: nn.Module) -> bool:

@@ -58,7 +58,7 @@ def _from_rank0(value, world_size: int):
 @torch.no_grad()
 def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
             outputs: Sequence[str] = ("logits",), embeddings: Optional[int] = None,
-            nodes: Optional[Tensor] = None, batch_size: int = 4096,
+            nodes=None, batch_size: int = 4096,
             hidden_dtype: str = "float32", device: Optional[torch.device] = None,
             resume: bool = False, progress_bar: bool = False,
             key: Optional[dict] = None) -> Predictions:
@@ -83,9 +83,10 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
         outputs: Any of ``logits``, ``probabilities`` (softmax), ``labels`` (argmax).
         embeddings: Also keep hidden layer ``embeddings``'s output (1 to layers - 1: what the
             next layer reads, after activation and normalization), of every node type it has.
-        nodes: Ids of the nodes to write rows for (distinct; for a ``HeteroGNN`` of its target
-            type, whose embeddings alone are then written); default every node. Each hidden
-            layer computes only the nodes the next layer reads for them.
+        nodes: Ids of the nodes to write rows for (a tensor, numpy array or list; distinct;
+            for a ``HeteroGNN`` of its target type, whose embeddings alone are then written);
+            default every node. Each hidden layer computes only the nodes the next layer reads
+            for them.
         batch_size: Destination nodes per step (a step also reads all their in-edges).
         hidden_dtype: How hidden layers are stored: ``float32``, ``float16`` or ``bfloat16``
             (half the disk and reads; see :mod:`pyg_mgpu.inference.store`). Logits are float32.
