@@ -209,6 +209,12 @@ def test_end_to_end_run_writes_complete_outputs(tmp_path):
     model = GraphSAGE(metrics["num_features"], metrics["config"]["hidden"],
                       metrics["num_classes"], len(metrics["config"]["fanout"]))
     model.load_state_dict(state)  # plain state_dict, no "module." prefix
+    # ... and its recipe for any --model.
+    from pyg_mgpu.predict import build_run_model
+    from pyg_mgpu.train.config import TrainConfig
+    from pyg_mgpu.train.dataset import load_configured
+    cfg = TrainConfig.from_flags(**metrics["config"])
+    build_run_model(cfg, load_configured(cfg)).load_state_dict(state)
     assert_exact_ratio(metrics["test_acc"], TINY_TEST_NODES)
     # The run learned (the seed fixes every draw, so this holds on every run): the loss fell by
     # more than a second epoch's other batches and dropout masks move it without training
