@@ -48,6 +48,15 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_overwrite_with_a_resume_of_the_same_folder_is_refused(tmp_path, capsys):
+    from pyg_mgpu.train.config import TrainConfig
+    for out in ([], ["--out", str(tmp_path / "." / "")]):
+        assert main(["--resume", str(tmp_path), "--overwrite", *out]) == 2
+        assert "--overwrite starts afresh, --resume" in capsys.readouterr().err
+    # Resumed into another folder, --overwrite lets it replace a checkpoint there.
+    TrainConfig.from_flags(resume=str(tmp_path), out=str(tmp_path / "next"), overwrite=True)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),

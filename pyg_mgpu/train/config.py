@@ -8,6 +8,7 @@ flags' values.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -89,6 +90,13 @@ class TrainConfig:
         if self.faults.resume == "auto" and self.outputs.overwrite:
             raise ConfigError("--overwrite starts afresh in --out, --resume auto continues "
                               "from --out's checkpoint: use one of them.")
+        resume, out = self.faults.resume, self.outputs.out
+        if (self.outputs.overwrite and resume not in (None, "auto")
+                and (not out or os.path.abspath(out) == os.path.abspath(resume))):
+            raise ConfigError(f"--overwrite starts afresh, --resume {resume} continues its "
+                              "checkpoint in that same folder: use one of them (with --out "
+                              "another folder, --overwrite lets the resumed run replace a "
+                              "checkpoint there).")
 
     def ignored_flags(self, device_type: str) -> list[str]:
         """Flags given that do nothing for this run: one sentence each, for a warning line."""
