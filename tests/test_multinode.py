@@ -34,3 +34,23 @@ def test_two_nodes_one_rank_each(tmp_path, dataset):
     assert metrics["world_size"] == 2 and metrics["launcher"] == "torchrun"
     assert (tmp_path / "n0" / "curves.png").exists()
     assert not list((tmp_path / "n1").glob("metrics.json")), "only rank 0 writes results"
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+def test_nodes_given_other_settings_stop_at_once_naming_the_flag(tmp_path):
+    # Without the check, the node with fewer epochs left the other waiting in a collective
+    # until --timeout.
+    port = free_port()
+    procs = []
+    for node, epochs in ((0, "2"), (1, "3")):
+        cmd = ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+               "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "-m", "pyg_mgpu.distributed_sampling", "--epochs", epochs, *SMALL,
+               "--timeout", "600", "--out", str(tmp_path / f"n{node}")]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode != 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    assert "error: --epochs is 3 on this node and 2 on rank 0's" in logs[1], logs[1][-3000:]
+    assert "its error line names the flag" in logs[0], logs[0][-3000:]
+    assert not (tmp_path / "n0" / "metrics.json").exists()

@@ -22,7 +22,7 @@ from pyg_mgpu.data.hetero_graph import HeteroGraph
 from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.process_group import torchrun_process_group
 from pyg_mgpu.train.checkpoint import save_torch
-from pyg_mgpu.train.config import TrainConfig
+from pyg_mgpu.train.config import TrainConfig, flag_of
 from pyg_mgpu.train.dataset import load_checked, load_configured, run_header
 from pyg_mgpu.train.loop import fewest_and_most
 from pyg_mgpu.train.run_folder import RunFolderError, claim_run_folder, start_afresh
@@ -65,6 +65,37 @@ def load_graph_once_per_node(cfg: TrainConfig, ctx: RankContext) -> ConvertedGra
             if ctx.local_rank == 0:
                 path.unlink(missing_ok=True)
     return ConvertedGraph(**state)
+
+
+# Settings each node's command may give for itself: where its files are, which of its devices
+# run and how, and what only rank 0 acts on. Every other setting shapes the training that all
+# ranks share, and must be the same on every node.
+NODE_LOCAL_SETTINGS = ("root", "cache_dir", "no_cache", "features_on", "devices", "nprocs",
+                       "timeout_s", "graph_on", "feature_cache_gb", "num_workers", "prefetch",
+                       "profile", "trace_steps", "out", "overwrite", "resume", "debug",
+                       "grace_s", "checkpoint_every_s", "recipe_sources")
+
+
+def check_same_command(cfg: TrainConfig, ctx: RankContext) -> None:
+    """Every node was given the settings rank 0 was (but :data:`NODE_LOCAL_SETTINGS`, and a
+    dataset named by a path, which each node may keep elsewhere). Nodes started with, say,
+    other ``--epochs`` would otherwise fail in a collective much later, or wait there until
+    the timeout. Every rank learns whether any differs, so all of them stop here."""
+    mine = cfg.flat()
+    main = [mine if ctx.is_main else None]
+    dist.broadcast_object_list(main, src=0)
+    main = main[0]
+    local = NODE_LOCAL_SETTINGS + (("dataset",) if cfg.data.dataset.endswith(".npz") else ())
+    differs = next((name for name in mine if name not in local and mine[name] != main[name]),
+                   None)
+    _, most = fewest_and_most(int(differs is not None), ctx)
+    if differs is not None:
+        raise ValueError(f"{flag_of(differs)} is {mine[differs]!r} on this node and "
+                         f"{main[differs]!r} on rank 0's: give every node the same command "
+                         "(only where its files are and which devices it uses may differ).")
+    if most:
+        raise ValueError("another node was started with other settings than rank 0's (its "
+                         "error line names the flag): give every node the same command.")
 
 
 def check_same_resume(cfg: TrainConfig, ctx: RankContext) -> None:
@@ -119,6 +150,7 @@ def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path], device: to
                                     tune_allocator=cfg.model.recipe == "pyg_mgpu",
                                     backend=cfg.ranks.backend,
                                     grace_s=cfg.faults.grace_s) as ctx:
+            check_same_command(cfg, ctx)
             check_same_resume(cfg, ctx)
             out = claim_on_rank0(cfg, ctx, make_out, claims)
             cfg.outputs.out = str(out)  # the folder chosen is the one recorded
