@@ -62,11 +62,11 @@ def test_a_resume_names_each_planned_setting_that_differs(tmp_path, capfd):
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["plan"]
     assert saved["eval_batch_size"] == 256  # TINY's --batch-size
     capfd.readouterr()
-    assert main(TINY + ["--epochs", "2", "--eval-batch-size", "7", "--resume",
+    assert main(TINY + ["--epochs", "2", "--eval-batch-size", "7", "--cuda-graph", "--resume",
                         str(tmp_path)]) == 0
     err = capfd.readouterr().err  # rank 0's warning, from its own process
     assert ("the resumed run's plan differs from its checkpoint's: --eval-batch-size 256 -> 7; "
-            "it continues") in err, err[-2000:]
+            "--cuda-graph False -> True; it continues") in err, err[-2000:]
     assert json.loads((tmp_path / "metrics.json").read_text())["plan"]["eval_batch_size"] == 7
 
 

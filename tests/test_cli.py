@@ -200,7 +200,7 @@ def test_end_to_end_run_writes_complete_outputs(tmp_path):
     assert metrics["plan"] == {"sampler": "native", "graph_on": "cpu", "sample_batches": 1,
                                "prefetch": 0, "feature_cache_gb": 0, "eval_batch_size": 128,
                                "backend": "gloo", "matmul_precision": "highest",
-                               "fused_aggregation": "off"}
+                               "fused_aggregation": "off", "cuda_graph": False}
     assert metrics["config"]["sample_batches"] is None and metrics["config"]["sampler"] == "auto"
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
     for e in metrics["epochs"]:

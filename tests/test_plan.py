@@ -34,7 +34,8 @@ def test_cpu_ranks_resolve_every_default():
     plan = plan_rank(TrainConfig.from_flags(batch_size=128), GRAPH, CPU)
     assert plan == RunPlan(sampler="native", graph_on="cpu", sample_batches=1, prefetch=0,
                            feature_cache_gb=0, eval_batch_size=128, backend="gloo",
-                           matmul_precision="highest", fused_aggregation="off")
+                           matmul_precision="highest", fused_aggregation="off",
+                           cuda_graph=False)
     small = plan_rank(TrainConfig.from_flags(batch_size=SMALL_CPU_BATCH), GRAPH, CPU)
     assert small.sample_batches == BATCHES_PER_WALK
     given = plan_rank(TrainConfig.from_flags(sample_batches=3, prefetch=2, eval_batch_size=5),

@@ -36,6 +36,7 @@ class RunPlan:
     backend: str  # the process group's: gloo or nccl
     matmul_precision: str  # float32 matmuls: highest (strict fp32) or high (TF32 on GPUs)
     fused_aggregation: str  # off, means, or in_place (layer 1 reads the feature table itself)
+    cuda_graph: bool  # the step at padded sizes, replayed from a CUDA graph on GPUs
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,7 +73,8 @@ def plan_rank(cfg: TrainConfig, graph: TrainingGraph, ctx: RankContext,
         prefetch=prefetch, feature_cache_gb=budget / 2**30,  # exact: a power of two
         eval_batch_size=cfg.evaluation.eval_batch_size or cfg.training.batch_size,
         backend=ctx.backend, matmul_precision=perf.matmul_precision,
-        fused_aggregation=fused_aggregation_route(cfg, graph, ctx.device, graph_on))
+        fused_aggregation=fused_aggregation_route(cfg, graph, ctx.device, graph_on),
+        cuda_graph=perf.cuda_graph)
 
 
 def least_free_gpu_bytes(ctx: RankContext) -> Optional[int]:
