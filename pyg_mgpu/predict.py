@@ -82,8 +82,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def read_run(run_dir: Path) -> tuple[dict, dict]:
-    """The run's metrics (empty for a run that did not finish) and its recorded config."""
+def read_run(run_dir: Path, trusted: bool = True) -> tuple[dict, dict]:
+    """The run's metrics (empty for a run that did not finish) and its recorded config.
+    ``trusted=False`` for a folder the user did not name: its ``checkpoint.pt`` is read as
+    data only (``weights_only``), no pickled code runs."""
     import torch
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir}: no such folder; pass the --out folder of a training run.")
@@ -96,7 +98,7 @@ def read_run(run_dir: Path) -> tuple[dict, dict]:
         if isinstance(metrics, dict) and isinstance(metrics.get("config"), dict):
             return metrics, metrics["config"]
     if ckpt_path.is_file():  # a run stopped before its end records its config here
-        ckpt = _load(ckpt_path, torch)
+        ckpt = _load(ckpt_path, torch, weights_only=not trusted)
         if isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict):
             return {"data_fingerprint": ckpt.get("data_fingerprint")}, ckpt["config"]
     raise ValueError(f"{run_dir}: no configuration (metrics.json with a config, or "
@@ -104,11 +106,17 @@ def read_run(run_dir: Path) -> tuple[dict, dict]:
                      "pyg_mgpu.distributed_sampling run.")
 
 
-def _load(path: Path, torch):
+def _load(path: Path, torch, weights_only: bool = False):
+    import pickle
     try:
-        return torch.load(path, weights_only=False, mmap=True, map_location="cpu")
+        return torch.load(path, weights_only=weights_only, mmap=True, map_location="cpu")
     except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"{path}: unreadable as a torch checkpoint ({e}).") from None
+        if weights_only and isinstance(e, pickle.UnpicklingError):
+            raise ValueError(f"{path}: unreadable as a torch checkpoint (it holds objects "
+                             "other than tensors and plain data, which a file of a folder not "
+                             "named as RUN_DIR is never trusted to run).") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: unreadable as a torch checkpoint ({first}).") from None
 
 
 def read_weights(run_dir: Path, checkpoint: Optional[str], config: dict, metrics: dict) -> dict:
@@ -123,15 +131,17 @@ def read_weights(run_dir: Path, checkpoint: Optional[str], config: dict, metrics
     if isinstance(saved, dict) and "model" in saved and "config" in saved:  # a checkpoint.pt
         other_config, other_fingerprint = saved["config"], saved.get("data_fingerprint")
         saved = saved["model"]
-    elif path.parent.resolve() != run_dir.resolve():  # best.pt of another run folder
-        try:
-            other, other_config = read_run(path.parent)  # finished, or stopped part way
-            other_fingerprint = other.get("data_fingerprint")
-        except ValueError:
-            pass  # a state_dict saved elsewhere: only its fit to the model is checked
+    elif (path.parent.resolve() != run_dir.resolve()
+          and any((path.parent / name).is_file() for name in ("metrics.json", "checkpoint.pt"))):
+        # best.pt of another run, finished or stopped part way (elsewhere, a state_dict saved
+        # by hand: only its fit to the model is checked)
+        other, other_config = read_run(path.parent, trusted=False)
+        other_fingerprint = other.get("data_fingerprint")
     if not isinstance(saved, dict) or not all(torch.is_tensor(v) for v in saved.values()):
         raise ValueError(f"{path}: not a model's state_dict or a pyg_mgpu checkpoint.")
     for key in _SAME_MODEL_AND_DATA if other_config else ():
+        if key == "dataset" and str(config[key]).endswith(".npz"):
+            continue  # a path, relative in older runs: the fingerprint compares the contents
         if key in config and other_config.get(key, config[key]) != config[key]:
             raise ValueError(f"--checkpoint {path} was trained with {key}={other_config[key]!r}, "
                              f"the run in {run_dir} with {config[key]!r}: pass a checkpoint of "
@@ -280,7 +290,9 @@ def run(args) -> dict:
     metrics, config = read_run(run_dir)
     if args.root is not None:  # the data fingerprint below still checks that it is the same data
         config = {**config, "root": args.root}
-    known = TrainConfig().flat()
+    # The run's own folder settings say nothing about its model or data (and an older run
+    # may hold a pair that a run is now refused).
+    known = set(TrainConfig().flat()) - {"out", "resume", "overwrite"}
     cfg = TrainConfig.from_flags(**{k: v for k, v in config.items() if k in known})
     check_embeddings(args.embeddings, cfg.training.num_layers)
     devices = resolve_devices(args.devices, args.nprocs, args.backend,

@@ -53,6 +53,9 @@ def test_overwrite_with_a_resume_of_the_same_folder_is_refused(tmp_path, capsys)
     for out in ([], ["--out", str(tmp_path / "." / "")]):
         assert main(["--resume", str(tmp_path), "--overwrite", *out]) == 2
         assert "--overwrite starts afresh, --resume" in capsys.readouterr().err
+    (tmp_path / "link").symlink_to(tmp_path)  # the same folder by another name
+    assert main(["--resume", str(tmp_path), "--overwrite", "--out", str(tmp_path / "link")]) == 2
+    assert "--overwrite starts afresh, --resume" in capsys.readouterr().err
     # Resumed into another folder, --overwrite lets it replace a checkpoint there.
     TrainConfig.from_flags(resume=str(tmp_path), out=str(tmp_path / "next"), overwrite=True)
 

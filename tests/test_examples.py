@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,9 @@ def test_stop_and_resume_stops_at_a_step_and_trains_the_rest_of_its_epoch(tmp_pa
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
+    # A run that never ends fails the test (the group is killed) instead of blocking it.
+    deadline = threading.Timer(240, os.killpg, (proc.pid, signal.SIGKILL))
+    deadline.start()
     try:
         for line in proc.stdout:
             lines.append(line)
@@ -126,6 +130,7 @@ def test_stop_and_resume_stops_at_a_step_and_trains_the_rest_of_its_epoch(tmp_pa
                 proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler sends it
         code = proc.wait(timeout=120)
     finally:
+        deadline.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     first = "".join(lines)

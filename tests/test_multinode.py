@@ -2,7 +2,6 @@
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -49,7 +48,13 @@ def test_nodes_given_other_settings_stop_at_once_naming_the_flag(tmp_path):
                "--timeout", "600", "--out", str(tmp_path / f"n{node}")]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert all(p.returncode != 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     assert "error: --epochs is 3 on this node and 2 on rank 0's" in logs[1], logs[1][-3000:]
     assert "its error line names the flag" in logs[0], logs[0][-3000:]

@@ -106,13 +106,14 @@ def test_requested_nodes_get_their_rows_in_their_order_and_a_hidden_layers_outpu
                                    model(data.x, data.edge_index)[nodes], rtol=0, atol=1e-4)
         torch.testing.assert_close(tensor(got.embeddings[:]), expected[nodes],
                                    rtol=0, atol=1e-4)
-    # The same ids as a numpy array or a list, as a user may hold them.
-    for as_given in (nodes.numpy(), nodes.tolist()):
-        got = pyg_mgpu.predict(model, data, tmp_path / type(as_given).__name__, nodes=as_given,
-                               batch_size=4)
-        assert np.array_equal(got.node_ids, nodes.numpy())
+    # The same ids as a numpy array (a view running backwards too) or a list.
+    for name, as_given, ids in (("array", nodes.numpy(), nodes),
+                                ("reversed", nodes.numpy()[::-1], nodes.flip(0)),
+                                ("list", nodes.tolist(), nodes)):
+        got = pyg_mgpu.predict(model, data, tmp_path / name, nodes=as_given, batch_size=4)
+        assert np.array_equal(got.node_ids, ids.numpy())
         torch.testing.assert_close(tensor(got.logits[:]),
-                                   model(data.x, data.edge_index)[nodes], rtol=0, atol=1e-4)
+                                   model(data.x, data.edge_index)[ids], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

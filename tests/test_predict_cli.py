@@ -4,6 +4,7 @@ import copy
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,6 +98,27 @@ def error_of(argv, capsys) -> str:
     return err
 
 
+class RunsCode:
+    """Pickled, it touches ``path`` when loaded (with weights_only=False)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+@pytest.mark.slow
+def test_a_run_recorded_with_folder_settings_now_refused_still_predicts(run_copy, tmp_path):
+    # A run given --resume RUN --overwrite (accepted, the flag ignored, before that pair was
+    # refused) recorded both; they say nothing of its model or data.
+    metrics = json.loads((run_copy / "metrics.json").read_text())
+    metrics["config"].update(out=str(run_copy), resume=str(run_copy), overwrite=True)
+    (run_copy / "metrics.json").write_text(json.dumps(metrics))
+    assert main([str(run_copy), "--out", str(tmp_path / "out"), "--outputs", "labels",
+                 "--devices", "cpu", "--nprocs", "1"]) == 0
+
+
 @pytest.fixture
 def run_copy(run_dir, tmp_path):
     """A copy of the run folder (its metrics, config and best.pt), to break."""
@@ -139,6 +161,11 @@ def test_bad_input_is_one_error_line_and_nothing_is_written(run_copy, tmp_path, 
                other / "checkpoint.pt")
     assert "was trained with num_nodes=2000" in error_of(
         base + ["--checkpoint", str(other / "best.pt")], capsys)
+    # That file was not named by the user: it is read as data, and pickled code never runs.
+    torch.save(RunsCode(tmp_path / "ran"), other / "checkpoint.pt")
+    assert "unreadable as a torch checkpoint" in error_of(
+        base + ["--checkpoint", str(other / "best.pt")], capsys)
+    assert not (tmp_path / "ran").exists()
     # Output folders it cannot write to, or that lack the room.
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
@@ -96,8 +97,8 @@ def check_nodes(nodes, num_nodes: int) -> Tensor:
     """``nodes`` (a tensor, a numpy array or a sequence of ids) as an int64 tensor, refused
     unless they are distinct ids of the graph."""
     if not torch.is_tensor(nodes):
-        try:
-            nodes = torch.as_tensor(nodes)
+        try:  # a copy: a numpy view may run backwards (np.argsort(s)[::-1]), torch's may not
+            nodes = torch.tensor(np.asarray(nodes))
         except (TypeError, ValueError, RuntimeError) as e:
             raise ArgumentError(f"{{nodes}} takes node ids (a tensor, array or list of "
                                 f"integers), got {type(nodes).__name__}: {e}") from None

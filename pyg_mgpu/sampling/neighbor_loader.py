@@ -125,7 +125,12 @@ class TransformAfterCsc:
     wrapper; the user's own function is its ``.transform``."""
 
     def __get__(self, loader, owner=None):
-        return self if loader is None else loader.__dict__["_transform"]
+        if loader is None:
+            return self
+        try:
+            return loader.__dict__["_transform"]
+        except KeyError:  # before PyG's constructor has set it
+            raise AttributeError("transform") from None
 
     def __set__(self, loader, transform: Optional[Callable]) -> None:
         if not isinstance(transform, WithoutCscThen):

@@ -29,6 +29,14 @@ __all__ = ["TrainConfig", "ConfigError", "flag_of", "in_flags", "BACKENDS", "MOD
            "SAMPLERS"]
 
 
+def _same_folder(a: str, b: str) -> bool:
+    """Whether two paths name one folder (through links too, where both exist)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 @dataclass
 class TrainConfig:
     """Everything a run needs, by group; each group checks itself when built, and
@@ -92,7 +100,7 @@ class TrainConfig:
                               "from --out's checkpoint: use one of them.")
         resume, out = self.faults.resume, self.outputs.out
         if (self.outputs.overwrite and resume not in (None, "auto")
-                and (not out or os.path.abspath(out) == os.path.abspath(resume))):
+                and (not out or _same_folder(out, resume))):
             raise ConfigError(f"--overwrite starts afresh, --resume {resume} continues its "
                               "checkpoint in that same folder: use one of them (with --out "
                               "another folder, --overwrite lets the resumed run replace a "
