@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> Path:
     """Writes ``path`` through ``write(file)`` into a temporary file beside it
-    (``.NAME.XXXXXXXX.tmp``), then renames it over ``path``."""
+    (``.NAME.XXXXXXXX.tmp``), syncs it, renames it over ``path`` and syncs the folder."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -32,7 +32,20 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _sync_folder(path.parent)
     return path
+
+
+def _sync_folder(folder: Path) -> None:
+    """Makes a rename in ``folder`` durable: the data was synced before it, but the new
+    directory entry lives in the folder, which a power cut may otherwise lose. Filesystems
+    that cannot sync a folder (some network ones) are left as they are."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def remove_partial_writes(folder: Path) -> list[Path]:

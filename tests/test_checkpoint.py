@@ -26,6 +26,18 @@ def test_crash_mid_write_keeps_previous_file(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"], "temp file left behind"
 
 
+def test_a_write_syncs_the_file_then_the_folder_that_holds_its_new_name(tmp_path, monkeypatch):
+    synced = []
+
+    def fsync(fd):
+        synced.append(("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file",
+                       (tmp_path / "checkpoint.pt").exists()))
+    monkeypatch.setattr(os, "fsync", fsync)
+    checkpoint.save_torch({"epoch": 1}, tmp_path / "checkpoint.pt")
+    # The data before the rename, the folder's entry after it.
+    assert synced == [("file", False), ("folder", True)]
+
+
 TINY = ["--num-nodes", "2000", "--num-edges", "20000", "--num-features", "8", "--num-classes",
         "4", "--hidden", "16", "--batch-size", "256", "--devices", "cpu", "--nprocs", "2"]
 
