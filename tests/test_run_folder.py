@@ -170,6 +170,18 @@ def test_overwrite_deletes_the_previous_checkpoint_when_the_run_starts_afresh(tm
         assert (tmp_path / CHECKPOINT).exists()  # continued, not replaced
 
 
+def test_a_folder_named_like_the_checkpoint_is_named_as_one_whatever_the_flags(tmp_path,
+                                                                               capsys):
+    (tmp_path / "run" / CHECKPOINT).mkdir(parents=True)
+    run = str(tmp_path / "run")
+    for flags in (["--out", run], ["--out", run, "--overwrite"], ["--resume", run],
+                  ["--resume", "auto", "--out", run]):
+        assert main(TINY + flags) == 2
+        err = capsys.readouterr().err
+        assert f"its {CHECKPOINT} is a folder, not a checkpoint; move it away" in err, flags
+    assert (tmp_path / "run" / CHECKPOINT).is_dir()
+
+
 @pytest.mark.parametrize("mistake", [["--dataset", "no-such-graph.npz"], ["--nprocs", "99"]])
 def test_an_overwrite_refused_for_its_flags_keeps_the_checkpoint(mistake, tmp_path, capsys):
     saved = hand_made_checkpoint(tmp_path / "run")

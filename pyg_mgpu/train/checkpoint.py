@@ -48,6 +48,9 @@ def check_resumable(cfg, world_size: int) -> dict:
     """
     check_resume_names_a_folder(cfg.faults.resume)
     path = Path(cfg.faults.resume) / CHECKPOINT
+    if path.is_dir():
+        raise ValueError(f"--resume {cfg.faults.resume}: its {CHECKPOINT} is a folder, not a "
+                         "checkpoint; move it away, or pass the --out folder of another run.")
     if not path.is_file():
         raise ValueError(f"--resume {cfg.faults.resume}: no {CHECKPOINT} there; pass the --out "
                          "folder of a run that finished at least one epoch.")

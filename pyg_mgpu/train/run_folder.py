@@ -146,6 +146,9 @@ def _continues(out: Path, resume: Optional[str]) -> bool:
 
 def _check_checkpoint(out: Path, resume: Optional[str], overwrite: bool) -> None:
     path = out / CHECKPOINT
+    if path.is_dir():  # neither continued, nor deleted by --overwrite
+        raise RunFolderError(f"--out {out}: its {CHECKPOINT} is a folder, not a checkpoint; "
+                             "move it away, or choose another --out.")
     if overwrite or _continues(out, resume) or not path.exists():
         return
     state, resumable = _describe(path)
