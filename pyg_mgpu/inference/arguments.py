@@ -98,7 +98,7 @@ def check_nodes(nodes, num_nodes: int) -> Tensor:
     unless they are distinct ids of the graph."""
     if not torch.is_tensor(nodes):
         try:  # a copy: a numpy view may run backwards (np.argsort(s)[::-1]), torch's may not
-            nodes = torch.tensor(np.asarray(nodes))
+            nodes = torch.from_numpy(np.ascontiguousarray(nodes))
         except (TypeError, ValueError, RuntimeError) as e:
             raise ArgumentError(f"{{nodes}} takes node ids (a tensor, array or list of "
                                 f"integers), got {type(nodes).__name__}: {e}") from None
