@@ -48,6 +48,15 @@ def _sync_folder(folder: Path) -> None:
             os.close(fd)
 
 
+def same_folder(a, b) -> bool:
+    """Whether two paths name one folder: through links too where both exist, else as written
+    (made absolute)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 def remove_partial_writes(folder: Path) -> list[Path]:
     """Deletes the temporary files of :func:`atomic_write` in ``folder``: a process killed
     mid-write (SIGKILL, a lost machine) leaves its temporary file behind. Only for a folder no

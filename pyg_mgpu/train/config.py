@@ -8,11 +8,11 @@ flags' values.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pyg_mgpu.distributed.devices import BACKENDS
+from pyg_mgpu.files import same_folder
 from pyg_mgpu.nn import HETERO_MODELS
 from pyg_mgpu.train.recipes import (HOMOGENEOUS_MODELS, MODEL_RECIPES, MODELS, NORMS,
                                     RECIPE_FIELDS, RECIPES)
@@ -27,14 +27,6 @@ __all__ = ["TrainConfig", "ConfigError", "flag_of", "in_flags", "BACKENDS", "MOD
            "HOMOGENEOUS_MODELS", "MODEL_RECIPES", "RECIPE_FIELDS", "RECIPES", "NORMS",
            "AMP_MODES", "EVAL_MODES", "FEATURES_ON", "GRAPH_PLACES", "INFERENCE_MODES",
            "SAMPLERS"]
-
-
-def _same_folder(a: str, b: str) -> bool:
-    """Whether two paths name one folder (through links too, where both exist)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)
 
 
 @dataclass
@@ -100,7 +92,7 @@ class TrainConfig:
                               "from --out's checkpoint: use one of them.")
         resume, out = self.faults.resume, self.outputs.out
         if (self.outputs.overwrite and resume not in (None, "auto")
-                and (not out or _same_folder(out, resume))):
+                and (not out or same_folder(out, resume))):
             raise ConfigError(f"--overwrite starts afresh, --resume {resume} continues its "
                               "checkpoint in that same folder: use one of them (with --out "
                               "another folder, --overwrite lets the resumed run replace a "

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from pyg_mgpu.files import remove_partial_writes
+from pyg_mgpu.files import remove_partial_writes, same_folder
 from pyg_mgpu.train.checkpoint import CHECKPOINT, describe, not_a_checkpoint
 
 LOCK = ".lock"
@@ -136,12 +136,7 @@ def _lock(fd: int, kind: int, out: Path, warn, wait_s: float = 0.0) -> bool:
 
 def _continues(out: Path, resume: Optional[str]) -> bool:
     """Whether the run continues the checkpoint in ``out`` itself."""
-    if not resume:
-        return False
-    try:
-        return os.path.samefile(out, resume)
-    except OSError:
-        return False
+    return bool(resume) and same_folder(out, resume)  # out exists: a missing resume differs
 
 
 def _check_checkpoint(out: Path, resume: Optional[str], overwrite: bool) -> None:
