@@ -11,6 +11,8 @@ import functools
 import hashlib
 import os
 import pickle
+import shutil
+import sys
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -70,18 +72,63 @@ def run_library(label: str, root: Path, folder: Path, expected: list[Path], url:
     if missing and not writable:
         raise missing_error("the folder is read-only, so nothing was downloaded")
     created = _first_missing_ancestor(folder)
+    # Folders already there, so that a failed download removes only those the library made.
+    kept = _folders_under(folder) if missing and created is None else set()
     try:
-        return build(root if writable else _mirror(root, folder))
+        library_root = root if writable else _mirror(root, folder)
+        _drop_stale_processed(label,
+                              library_root / folder.absolute().relative_to(root.absolute()))
+        return build(library_root)
     except _READ_ERRORS as err:
         if missing:
             # The library makes its folders before downloading; left empty, they would pass
             # for a dataset folder at the next look (a test's skip check, a user's ls).
-            _remove_empty_dirs(created)
+            _remove_empty_dirs(created if created is not None else folder, keep=kept)
+            if isinstance(err, FileNotFoundError) and len(missing) < len(expected):
+                # Some files are there: the library read them and looked for the rest.
+                raise missing_error(f"the folder holds only some of them, so nothing was "
+                                    f"downloaded ({type(err).__name__}: {err}); fetch the "
+                                    f"missing files, or move {folder.absolute()} away to "
+                                    "download the dataset whole") from err
             raise missing_error(f"the download from {url} failed "
                                 f"({type(err).__name__}: {err})") from err
         raise DatasetError(f"{label}: could not read the files in {folder.absolute()} "
                            f"({type(err).__name__}: {err}); they may be truncated or "
                            "corrupt: fetch them again.") from err
+
+
+def _drop_stale_processed(label: str, folder: Path) -> None:
+    """Removes the library's ``processed/`` under ``folder`` when a source file (under
+    ``raw/`` or ``split/``) is newer than the oldest file in it.
+
+    PyG and OGB read ``processed/`` whenever it is there and never look at the raw files
+    again, so a changed raw file would be read as it was before (and a file fixed after an
+    error would fail as before). Copies that keep modification times (``cp -a``, ``rsync -a``)
+    keep ``processed/``; one that does not may process the files once more.
+    """
+    processed = folder / "processed"
+    outputs = _files_under(processed)
+    sources = [path for sub in ("raw", "split") for path in _files_under(folder / sub)]
+    if not outputs or not sources:
+        return
+    if max(_mtime(path) for path in sources) > min(_mtime(path) for path in outputs):
+        print(f"{label}: files under {folder} changed after {processed} was made from them; "
+              "processing them again", file=sys.stderr)
+        shutil.rmtree(processed)
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """The files under ``folder``, following links (a mirror links the user's folders)."""
+    return [Path(top, name) for top, _, names in os.walk(folder, followlinks=True)
+            for name in names]
+
+
+def _mtime(path: Path) -> int:
+    return path.stat().st_mtime_ns
+
+
+def _folders_under(folder: Path) -> set[str]:
+    return {top for top, _, _ in os.walk(folder.absolute())}
 
 
 def _first_missing_ancestor(path: Path) -> Optional[Path]:
@@ -94,13 +141,15 @@ def _first_missing_ancestor(path: Path) -> Optional[Path]:
     return path
 
 
-def _remove_empty_dirs(top: Optional[Path]) -> None:
-    """Removes ``top`` and the folders under it that hold no files; never removes a file."""
+def _remove_empty_dirs(top: Optional[Path], keep: set[str] = frozenset()) -> None:
+    """Removes ``top`` and the folders under it that hold no files, but for those in ``keep``
+    (absolute paths: folders that were there before); never removes a file."""
     if top is None or not top.is_dir():
         return
-    for folder, _, _ in os.walk(top, topdown=False):
-        with contextlib.suppress(OSError):  # not empty: something was written, keep it
-            os.rmdir(folder)
+    for folder, _, _ in os.walk(top.absolute(), topdown=False):
+        if folder not in keep:
+            with contextlib.suppress(OSError):  # not empty: something was written, keep it
+                os.rmdir(folder)
 
 
 def _is_writable(path: Path) -> bool:

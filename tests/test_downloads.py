@@ -1,0 +1,83 @@
+"""Reading a dataset through PyG or OGB: a changed raw file is read again rather than the
+library's earlier processed copy, and a failed read says whether anything was downloaded and
+leaves no empty folders behind."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyg_mgpu.data import DatasetError, load_graph
+from pyg_mgpu.data.cache import CACHE_ENV
+
+from test_datasets import make_read_only, make_writable, write_ogbn_arxiv, write_reddit
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_network(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "network disabled by the test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+
+
+def relabel(root: Path, labels: np.ndarray, *folders: Path) -> None:
+    """Rewrites Reddit's labels after everything under ``folders`` was last written."""
+    for path in (p for folder in folders for p in folder.rglob("*") if p.is_file()):
+        earlier = path.stat().st_mtime - 10
+        os.utime(path, (earlier, earlier))
+    path = root / "raw" / "reddit_data.npz"
+    np.savez(path, **dict(np.load(path), label=labels))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("read_only", [False, True], ids=["own folder", "mirrored"])
+def test_a_changed_raw_file_is_processed_again(tmp_path, capsys, read_only):
+    root = tmp_path / "reddit"
+    write_reddit(root)
+    if read_only:
+        make_read_only(root)
+    try:
+        assert load_graph("reddit", root).y.tolist() == (np.arange(12) % 3).tolist()
+        if read_only:
+            make_writable(root)
+        relabel(root, (np.arange(12) + 1) % 3, tmp_path)
+        if read_only:
+            make_read_only(root)
+        capsys.readouterr()
+        assert load_graph("reddit", root).y.tolist() == ((np.arange(12) + 1) % 3).tolist()
+        assert "changed after" in capsys.readouterr().err
+        load_graph("reddit", root)  # the new processed/ is newer: read, not processed again
+        assert "changed after" not in capsys.readouterr().err
+    finally:
+        make_writable(root)
+
+
+@pytest.mark.slow
+def test_an_ogb_folder_missing_one_split_file_says_nothing_was_downloaded(tmp_path, offline):
+    write_ogbn_arxiv(tmp_path, release=True)
+    (tmp_path / "ogbn_arxiv" / "split" / "time" / "valid.csv.gz").unlink()
+    with pytest.raises(DatasetError) as error:
+        load_graph("ogbn-arxiv", tmp_path)
+    message = str(error.value)
+    assert "missing ogbn_arxiv/split/time/valid.csv.gz" in message
+    assert "holds only some of them, so nothing was downloaded" in message
+    assert "download from" not in message
+
+
+def test_a_failed_download_into_an_existing_folder_leaves_it_as_it_was(tmp_path, offline):
+    root = tmp_path / "reddit"
+    (root / "notes").mkdir(parents=True)  # a folder of the user's, empty, stays
+    with pytest.raises(DatasetError, match="the download from .* failed"):
+        load_graph("reddit", root)
+    assert sorted(p.name for p in root.iterdir()) == ["notes"]
