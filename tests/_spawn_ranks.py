@@ -112,3 +112,24 @@ def join_late_then_reduce(rank, init_method, delay_s, timeout_s, result):
         torch.distributed.all_reduce(one)
         result[rank] = one
 
+
+
+def build_disagreeing_loader(ctx, data, loader_name, differ):
+    """Rank 1 builds its distributed loader unlike rank 0 (``differ``: "seed", "inputs" or
+    "epoch"), taking its rank and world size from the process group."""
+    import pyg_mgpu
+    seed = ctx.rank if differ == "seed" else 0
+    order = torch.arange(data.num_nodes)
+    if differ == "inputs" and ctx.rank == 1:
+        order = order.flip(0)
+    if loader_name == "NeighborLoader":
+        loader = pyg_mgpu.NeighborLoader(data, [2], input_nodes=order, batch_size=4,
+                                         shuffle=True, distributed=True, seed=seed)
+    else:
+        loader = pyg_mgpu.LinkNeighborLoader(data, [2], edge_label_index=data.edge_index[:, order],
+                                             batch_size=4, shuffle=True, distributed=True,
+                                             seed=seed)
+    loader.set_epoch(3 + (ctx.rank if differ == "epoch" else 0))
+    for _ in loader:
+        pass
+    torch.distributed.barrier()

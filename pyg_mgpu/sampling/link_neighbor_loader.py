@@ -70,14 +70,15 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
                  world_size: Optional[int] = None, seed: Optional[int] = None, **kwargs):
         check_edge_label_index(data, edge_label_index)
 
-        def num_seed_edges() -> int:
-            return get_edge_label_index(data, edge_label_index)[1].size(1)
-        check_per_seed_edge(num_seed_edges, edge_label=edge_label, edge_label_time=edge_label_time)
+        def seed_edges() -> Tensor:
+            return get_edge_label_index(data, edge_label_index)[1]
+        check_per_seed_edge(lambda: seed_edges().size(1), edge_label=edge_label,
+                            edge_label_time=edge_label_time)
         self.epoch_sampler: Optional[EpochBatchSampler]
         self.epoch_sampler, rank, seed = shard_epochs(
-            kwargs, num_seed_edges,
+            kwargs, seed_edges,
             distributed=distributed, rank=rank, world_size=world_size, seed=seed,
-            items="seed edges")
+            items="seed edges", loader="LinkNeighborLoader")
         if neighbor_sampler is None:
             neighbor_sampler = rank_sampler(data, num_neighbors, kwargs, seed=seed, rank=rank,
                                             **sampler_options(locals()))

@@ -28,6 +28,7 @@ from pyg_mgpu.data.csc import drop_cached_csc
 from pyg_mgpu.gpu_path import host_work
 from pyg_mgpu.sampling.checks import check_input_nodes
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
+from pyg_mgpu.sampling.rank_agreement import RankAgreement, inputs_digest
 from pyg_mgpu.sampling.sharding import epoch_batches, steps_per_epoch
 from pyg_mgpu.sampling.walk_batches import Batches, WalkBatches, check_sample_batches
 from pyg_mgpu.seeds import rank_seed
@@ -58,6 +59,9 @@ class EpochBatchSampler:
         self.batches_per_walk = batches_per_walk
         self.epoch = 0
         self.start_step = 0
+        # Set where the rank and world size are the process group's: the check that every
+        # rank sets the same epoch.
+        self.agreement: Optional[RankAgreement] = None
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         try:  # an int, or an int-like such as a 0-d integer tensor restored from a checkpoint
@@ -68,6 +72,8 @@ class EpochBatchSampler:
         if not 0 <= start_step <= self.steps_per_epoch:
             raise ValueError(f"start_step={start_step} must lie in [0, {self.steps_per_epoch}], "
                              "the batches of one epoch on this rank.")
+        if self.agreement is not None:
+            self.agreement.check_epoch(epoch, start_step)
         self.epoch, self.start_step = epoch, start_step
 
     def __len__(self) -> int:
@@ -212,7 +218,7 @@ class NeighborLoader(PyGNeighborLoader):
         check_input_nodes(data, input_nodes)
         self.epoch_sampler: Optional[EpochBatchSampler]
         self.epoch_sampler, rank, seed = shard_epochs(
-            kwargs, lambda: get_input_nodes(data, input_nodes)[1].numel(),
+            kwargs, lambda: get_input_nodes(data, input_nodes)[1],
             distributed=distributed, rank=rank, world_size=world_size, seed=seed)
         if neighbor_sampler is None:
             neighbor_sampler = rank_sampler(data, num_neighbors, kwargs, seed=seed, rank=rank,
@@ -300,20 +306,29 @@ def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple
     return rank, world_size
 
 
-def shard_epochs(kwargs: dict, count_inputs: Callable[[], int], *, distributed: bool,
+def shard_epochs(kwargs: dict, seed_inputs: Callable[[], Tensor], *, distributed: bool,
                  rank: Optional[int], world_size: Optional[int],
-                 seed: Optional[int], items: str = "input nodes"
+                 seed: Optional[int], items: str = "input nodes", loader: str = "NeighborLoader"
                  ) -> tuple[Optional[EpochBatchSampler], Optional[int], Optional[int]]:
-    """With ``distributed``: this rank's epoch batch sampler over ``count_inputs()`` seeds
-    (``items``: nodes or edges), put into DataLoader's ``kwargs`` as its ``batch_sampler``;
-    with the rank, and the seed (default 0: every rank must permute alike). Returns ``(sampler
-    or None, rank, seed)``."""
+    """With ``distributed``: this rank's epoch batch sampler over the seeds ``seed_inputs()``
+    gives (``items``: nodes, or edges as the columns of a ``[2, E]`` index), put into
+    DataLoader's ``kwargs`` as its ``batch_sampler``; with the rank, and the seed (default 0:
+    every rank must permute alike). Where the rank and world size are the process group's, the
+    ``loader`` checks that its ranks agree (:mod:`~pyg_mgpu.sampling.rank_agreement`).
+    Returns ``(sampler or None, rank, seed)``."""
     if not distributed:
         return None, rank, seed
     rank, world_size = rank_and_world_size(rank, world_size)
+    agreement = RankAgreement.from_group(loader, rank, world_size)
     seed = 0 if seed is None else seed
-    sampler = epoch_sampler(count_inputs(), kwargs, seed=seed, rank=rank, world_size=world_size,
-                            items=items)
+    inputs = seed_inputs()
+    sampler = epoch_sampler(inputs.size(-1), kwargs, seed=seed, rank=rank,
+                            world_size=world_size, items=items)
+    if agreement is not None:
+        agreement.check_built({"seed": seed, "world_size": world_size,
+                               "batch_size": sampler.batch_size, "shuffle": sampler.shuffle,
+                               "num_inputs": sampler.num_items, "inputs": inputs_digest(inputs)})
+        sampler.agreement = agreement
     kwargs["batch_sampler"] = sampler
     return sampler, rank, seed
 
