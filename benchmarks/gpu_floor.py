@@ -1,12 +1,14 @@
 """``gpu_floor.md``: what ``benchmarks/gpu_floor.sh`` measured so far, as Markdown for
 docs/benchmarks.md.
 
-    python benchmarks/gpu_floor.py OUT "GRAPH FLAGS"
+    python benchmarks/gpu_floor.py FOLDER "GRAPH FLAGS"
 
-Reads OUT's ``steps.tsv`` (step, exit code or why it was skipped, seconds, an A/B run's flags),
-``env.txt``, ``batch_sizes.json``, ``kernels.md`` and each A/B run's ``metrics.json``. The
-baseline of the A/B table is the ``fp32`` run (strict fp32 matmuls); TF32 becomes the default
-only if it keeps test accuracy within ``TF32_RULE`` of it.
+Reads FOLDER's (the script's ``gpu-floor`` work folder, the one ``gpu-floor.tgz`` holds)
+``steps.tsv`` (step, exit code or why it did not run or finish, seconds, an A/B run's flags),
+``env.txt``, ``batch_sizes.json``, ``kernels.md`` and each A/B run's ``metrics.json``, and
+writes FOLDER/gpu_floor.md. The baseline of the A/B table is the ``fp32`` run (strict fp32
+matmuls); TF32 becomes the default only if it keeps test accuracy within ``TF32_RULE`` of it.
+The script runs this after every step, so it imports no torch.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def ab_table(out: Path, steps: list[dict]) -> list[str]:
         if n is None:
             why = {"124": "timed out", "137": "killed (time or memory)"}.get(
                 s["status"], s["status"] if not s["status"].isdigit() else
-                f"failed (exit {s['status']}; see {s['name']}.log)")
+                f"failed (exit {s['status']}; see {s['name']}.log in gpu-floor.tgz)")
             lines.append(f"| {s['name']} | `{s['flags']}` | {why} | | | | | |")
             continue
         busy = f"{n['gpu_busy_pct']:.0f}%" if n["gpu_busy_pct"] is not None else "-"
@@ -105,7 +107,7 @@ def report(out: Path, graph_flags: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python benchmarks/gpu_floor.py OUT 'GRAPH FLAGS'", file=sys.stderr)
+        print("usage: python benchmarks/gpu_floor.py FOLDER 'GRAPH FLAGS'", file=sys.stderr)
         return 2
     out = Path(argv[0])
     (out / "gpu_floor.md").write_text(report(out, argv[1]))

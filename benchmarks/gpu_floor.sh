@@ -4,23 +4,28 @@
 # call meant to end within 8 minutes on an H200 (GPU_FLOOR_BUDGET_S below stops it):
 #   1. batch_sizes: the training batches' measured sizes (new nodes and sampled edges per hop,
 #      feature bytes gathered), from the loader the CLI builds (python -m
-#      pyg_mgpu.tools.batch_sizes); its first load converts and caches the graph;
+#      pyg_mgpu.tools.batch_sizes); its first load converts and caches the graph. Beside it,
+#      cache_bf16 converts and caches the graph with bf16 features, the cache --amp bf16 reads
+#      (a cache of its own), so that the bf16 run below trains within its limit instead of
+#      converting; the two conversions share the wait, and nothing timed runs meanwhile;
 #   2. trace: one epoch with --trace-steps, turned into the table of the top kernels by GPU
 #      time per step, their stage, and the training stream's idle time (python -m
 #      pyg_mgpu.tools.kernel_table);
 #   3. A/B runs of 2 epochs each, the same graph and seed: strict fp32 (--matmul-precision
-#      highest, the baseline), TF32 (--matmul-precision high), --amp bf16, --cuda-graph, and
+#      highest, the baseline), TF32 (--matmul-precision high), --amp bf16, --cuda-graph,
 #      --fused-aggregation where the CLI has it (a flag the CLI does not know is skipped),
 #      and --prefetch 3 (three batches queued ahead instead of one: does the training stream
 #      still wait while the sampler draws the next walk of 8 batches?).
-# Everything lands in $OUT (default runs/gpu-floor): gpu_floor.md (Markdown for
-# docs/benchmarks.md, rewritten after every step, so a cut-off call keeps what ran), each
-# step's log, the A/B runs' metrics.json and history.csv, the trace's kernels.csv. Run
-# folders and trace.json stay in $GPU_FLOOR_WORK (default /tmp/gpu-floor-work).
+# The steps write their files (each step's log, steps.tsv, env.txt, batch_sizes.json,
+# kernels.md, the trace's kernels.csv, the A/B runs' metrics.json and history.csv) into
+# $GPU_FLOOR_WORK/gpu-floor (default /tmp/gpu-floor-work), beside the run folders and
+# trace.json. $OUT (default runs/gpu-floor) gets three files, refreshed after every step so
+# that a cut-off call keeps what ran: gpu_floor.md (Markdown for docs/benchmarks.md),
+# kernels.md, and gpu-floor.tgz (the whole gpu-floor folder).
 #
 #   bash benchmarks/gpu_floor.sh                   # on the GPU machine
 #   GPU_FLOOR_TINY=1 bash benchmarks/gpu_floor.sh  # the same steps on a tiny graph on one CPU
-#                                                  # rank (3 minutes on 2 cores): a dry run
+#                                                  # rank (about 90 s on 2 cores): a dry run
 #
 # Overrides: OUT, PYTHON (default python3), GPU_FLOOR_DEVICES (default cuda:0),
 # GPU_FLOOR_EPOCHS (A/B epochs, default 2), GPU_FLOOR_TRACE_STEPS (default 20),
@@ -49,38 +54,78 @@ else
 fi
 mkdir -p "$OUT" "$WORK"
 OUT=$(cd "$OUT" && pwd)
-STEPS="$OUT/steps.tsv"
+WORK=$(cd "$WORK" && pwd)
+FLOOR="$WORK/gpu-floor"  # every file the steps leave, archived whole into OUT
+rm -rf "$FLOOR"
+mkdir -p "$FLOOR"
+STEPS="$FLOOR/steps.tsv"
 : > "$STEPS"
 START=$SECONDS
-# Whatever this script started ends with it: its own signals reach the running step.
-CHILD=""
-trap 'if [ -n "$CHILD" ]; then kill -TERM "$CHILD" 2>/dev/null || true; wait "$CHILD" || true; fi; exit 130' INT TERM HUP
+declare -A PIDS=() BEGUN=()  # the steps running, by name
+# Whatever this script started ends with it: its own signals reach the running steps, and
+# OUT keeps what ran.
+stop() {
+  local name
+  for name in "${!PIDS[@]}"; do kill -TERM "${PIDS[$name]}" 2>/dev/null || true; done
+  for name in "${!PIDS[@]}"; do
+    wait "${PIDS[$name]}" || true
+    printf '%s\tstopped\t%s\t%s\n' "$name" "$((SECONDS - BEGUN[$name]))" "${FLAGS:-}" >> "$STEPS"
+    echo "[gpu_floor] $name: stopped by a signal"
+  done
+  report
+  exit 130
+}
+trap stop INT TERM HUP
 
-report() {  # gpu_floor.md from what has run so far
-  "$PY" benchmarks/gpu_floor.py "$OUT" "${GRAPH[*]}" || echo "   (report failed)"
+# publish FILE NAME: a copy of FILE as OUT/NAME, whole or not at all (a copy then a rename)
+publish() {
+  cp "$1" "$OUT/.$2.part" && mv -f "$OUT/.$2.part" "$OUT/$2"
 }
 
-# step NAME LIMIT_S COMMAND...: runs it under `timeout` (TERM, then KILL 30 s later; the CLI's
-# ranks checkpoint and exit on TERM), logs to OUT/NAME.log, records exit code and seconds.
-step() {
-  local name=$1 limit=$2 rc=0; shift 2
+report() {  # gpu_floor.md from what has run so far; OUT's three files refreshed
+  "$PY" benchmarks/gpu_floor.py "$FLOOR" "${GRAPH[*]}" || echo "   (report failed)"
+  local name
+  for name in gpu_floor.md kernels.md; do
+    if [ -f "$FLOOR/$name" ]; then publish "$FLOOR/$name" "$name" || true; fi
+  done
+  # tar's exit 1: a log grew while it was read (a step beside this one); the copy still stands
+  { tar --warning=no-file-changed -czf "$WORK/gpu-floor.tgz" -C "$WORK" gpu-floor || [ $? = 1 ]; } \
+    && publish "$WORK/gpu-floor.tgz" gpu-floor.tgz || echo "   (archive failed)"
+}
+
+# start NAME LIMIT COMMAND...: runs it in the background under `timeout` (TERM, then KILL 30 s
+# later; the CLI's ranks checkpoint and exit on TERM), logging to NAME.log; finish NAME waits
+# for it and records its exit code and seconds. A step that would start with less than 30 s of
+# the budget left is recorded as skipped instead (and start fails).
+start() {
+  local name=$1 limit=$2; shift 2
   local left=$((BUDGET_S - (SECONDS - START)))
   if [ "$left" -lt 30 ]; then
     echo "[gpu_floor] $name: skipped, ${left} s of the ${BUDGET_S} s budget left"
     printf '%s\tskipped\t0\t%s\n' "$name" "${FLAGS:-}" >> "$STEPS"
-    report
-    return 0
+    return 1
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "[gpu_floor] $name (limit ${limit} s, $((SECONDS - START)) s in): $*"
-  local begin=$SECONDS
-  timeout --kill-after=30 "$limit" "$@" > "$OUT/$name.log" 2>&1 &
-  CHILD=$!
-  wait "$CHILD" || rc=$?
-  CHILD=""
-  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - begin))" "${FLAGS:-}" >> "$STEPS"
-  echo "[gpu_floor] $name: exit $rc after $((SECONDS - begin)) s; $(tail -n 1 "$OUT/$name.log")"
+  BEGUN[$name]=$SECONDS
+  timeout --kill-after=30 "$limit" "$@" > "$FLOOR/$name.log" 2>&1 &
+  PIDS[$name]=$!
+}
+
+finish() {
+  local name=$1 rc=0
+  [ -n "${PIDS[$name]:-}" ] || return 0
+  wait "${PIDS[$name]}" || rc=$?
+  unset "PIDS[$name]"
+  local seconds=$((SECONDS - BEGUN[$name]))
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$seconds" "${FLAGS:-}" >> "$STEPS"
+  echo "[gpu_floor] $name: exit $rc after $seconds s; $(tail -n 1 "$FLOOR/$name.log")"
   report
+}
+
+# step NAME LIMIT COMMAND...: start, then finish
+step() {
+  if start "$@"; then finish "$1"; else report; fi
 }
 
 CLI_HELP=$("$PY" -m pyg_mgpu.distributed_sampling --help 2>/dev/null || true)
@@ -88,10 +133,14 @@ cli_knows() {  # cli_knows --flag: whether the training CLI has the flag
   grep -qE -- "(^|[[:space:],])$1([[:space:],=]|$)" <<< "$CLI_HELP"
 }
 
+chosen() {  # chosen NAME: whether GPU_FLOOR_RUNS (default all) names the A/B run
+  [ -z "${GPU_FLOOR_RUNS:-}" ] || [[ " $GPU_FLOOR_RUNS " == *" $1 "* ]]
+}
+
 # ab NAME FLAGS...: one A/B run of EPOCHS epochs (validation once, after the last)
 ab() {
   local name=$1; shift
-  if [ -n "${GPU_FLOOR_RUNS:-}" ] && [[ " $GPU_FLOOR_RUNS " != *" $name "* ]]; then return 0; fi
+  chosen "$name" || return 0
   local flag
   for flag in "$@"; do
     if [[ "$flag" == --* ]] && ! cli_knows "$flag"; then
@@ -103,12 +152,14 @@ ab() {
   done
   FLAGS="$*" step "$name" "$RUN_S" "$PY" -m pyg_mgpu.distributed_sampling "${GRAPH[@]}" \
     --epochs "$EPOCHS" --eval-every "$EPOCHS" --out "$WORK/$name" --overwrite "$@"
-  mkdir -p "$OUT/$name"
-  cp "$WORK/$name/metrics.json" "$WORK/$name/history.csv" "$OUT/$name/" 2>/dev/null || true
-  report
+  if [ -f "$WORK/$name/metrics.json" ]; then
+    mkdir -p "$FLOOR/$name"
+    cp "$WORK/$name/metrics.json" "$WORK/$name/history.csv" "$FLOOR/$name/" 2>/dev/null || true
+    report
+  fi
 }
 
-echo "[gpu_floor] output in $OUT, run folders in $WORK, budget ${BUDGET_S} s"
+echo "[gpu_floor] output in $OUT, work folder $WORK, budget ${BUDGET_S} s"
 {
   "$PY" -c 'import torch, torch_geometric as g
 print("torch", torch.__version__, "| CUDA", torch.version.cuda, "|",
@@ -117,17 +168,24 @@ print("torch", torch.__version__, "| CUDA", torch.version.cuda, "|",
   if [ -n "${GPU_FLOOR_COMMIT:-}" ]; then echo "commit $GPU_FLOOR_COMMIT"
   else git log -1 --format='commit %h (%cs)' 2>/dev/null || echo "commit unknown"; fi
   date -u +'measured %Y-%m-%d %H:%M UTC'
-} > "$OUT/env.txt" 2>&1
+} > "$FLOOR/env.txt" 2>&1
 
+if chosen bf16 && cli_knows --amp; then
+  start cache_bf16 240 "$PY" -m pyg_mgpu.tools.batch_sizes "${GRAPH[@]}" --amp bf16 \
+    --batches 1 || true
+fi
 step batch_sizes 240 "$PY" -m pyg_mgpu.tools.batch_sizes "${GRAPH[@]}" --batches 16 \
-  --json "$OUT/batch_sizes.json"
+  --json "$FLOOR/batch_sizes.json"
+finish cache_bf16
 
 step trace "$RUN_S" "$PY" -m pyg_mgpu.distributed_sampling "${GRAPH[@]}" --epochs 1 \
   --trace-steps "$TRACE_STEPS" --out "$WORK/trace" --overwrite
-mkdir -p "$OUT/trace"
-cp "$WORK/trace/kernels.csv" "$WORK/trace/metrics.json" "$OUT/trace/" 2>/dev/null || true
+if [ -f "$WORK/trace/kernels.csv" ]; then
+  mkdir -p "$FLOOR/trace"
+  cp "$WORK/trace/kernels.csv" "$WORK/trace/metrics.json" "$FLOOR/trace/" 2>/dev/null || true
+fi
 step kernel_table 120 "$PY" -m pyg_mgpu.tools.kernel_table "$WORK/trace" --top 25 \
-  --out "$OUT/kernels.md"
+  --out "$FLOOR/kernels.md"
 
 ab fp32 --matmul-precision highest
 ab tf32 --matmul-precision high
@@ -136,5 +194,5 @@ ab cuda_graph --cuda-graph
 ab fused --fused-aggregation
 ab prefetch3 --prefetch 3
 
-echo "[gpu_floor] done in $((SECONDS - START)) s: $OUT/gpu_floor.md"
+echo "[gpu_floor] done in $((SECONDS - START)) s: $OUT/gpu_floor.md, $OUT/gpu-floor.tgz"
 cat "$OUT/gpu_floor.md" 2>/dev/null || true

@@ -2,6 +2,10 @@
 A/B run against strict fp32, and the TF32 rule's verdict."""
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -47,3 +51,48 @@ def test_ab_runs_are_compared_with_strict_fp32(gpu_floor, tmp_path, tf32_acc, ve
     assert f"{verdict} the 0.002 that a change of the default needs" in text
     assert "| # | kernel |" in text and "`--num-nodes 10`" in text
     assert "| batch_sizes | 0 | 40 |" in text
+
+
+def test_the_report_loads_no_torch(tmp_path):
+    """The script writes the report after every step: torch's seconds of start-up each time
+    would eat the call's budget."""
+    (tmp_path / "batch_sizes.json").write_text(json.dumps({
+        "batches": 2, "batch_size": 4, "fanout": [2], "device": "cuda:0",
+        "plan": {"graph_on": "gpu", "sample_batches": 8}, "nodes_per_hop": [4.0, 6.0],
+        "edges_per_hop": [8.0], "nodes": 10.0, "edges": 8.0, "feature_bytes": 400.0,
+        "feature_row_bytes": 40.0}))
+    code = ("import runpy, sys\n"
+            f"sys.argv = [{str(SCRIPT)!r}, {str(tmp_path)!r}, '--num-nodes 10']\n"
+            "try:\n"
+            f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+            "except SystemExit as e:\n"
+            "    assert e.code == 0, e.code\n"
+            "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
+    text = (tmp_path / "gpu_floor.md").read_text()
+    assert "| 1 | 6 | 8 |" in text and "(40 bytes per node)" in text
+
+
+def test_the_script_leaves_the_markdown_and_one_archive_in_out(tmp_path):
+    """A device call returns only a few files from OUT: the script keeps its steps' files in
+    its work folder and OUT holds gpu_floor.md, kernels.md once there is one, and
+    gpu-floor.tgz with the rest. With no budget every step is skipped, and recorded so."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "GPU_FLOOR_WORK": str(work), "PYTHON": sys.executable,
+           "GPU_FLOOR_BUDGET_S": "0", "GPU_FLOOR_TINY": "1"}
+    done = subprocess.run(["bash", str(SCRIPT.with_suffix(".sh"))], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-floor.tgz", "gpu_floor.md"]
+    with tarfile.open(out / "gpu-floor.tgz") as archive:
+        names = archive.getnames()
+        steps = archive.extractfile("gpu-floor/steps.tsv").read().decode()
+    assert {"gpu-floor/env.txt", "gpu-floor/gpu_floor.md"} <= set(names)
+    assert [line.split("\t")[:2] for line in steps.splitlines()] == [
+        [name, "skipped"] for name in ("cache_bf16", "batch_sizes", "trace", "kernel_table",
+                                       "fp32", "tf32", "bf16", "cuda_graph", "fused",
+                                       "prefetch3")]
+    assert (out / "gpu_floor.md").read_text() == (work / "gpu-floor" / "gpu_floor.md").read_text()

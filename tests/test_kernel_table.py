@@ -27,8 +27,12 @@ def kernel(name, ts, dur, correlation, stream=7, cat="kernel"):
 
 
 def gpu_step(start: float, c: int) -> list:
-    """One 1000 µs step as the training loop orders it, each stage launching kernels."""
+    """One 1000 µs step as the training loop orders it, each stage launching kernels. As
+    kineto writes a CUDA trace, the step's annotation is there twice: on the GPU timeline
+    (spanning the step's kernels, the stream as its thread; listed first) and on the host's."""
     return [
+        {**kernel(f"ProfilerStep#{c}", start + 20, 700, None, cat="gpu_user_annotation"),
+         "tid": 7},
         op(f"ProfilerStep#{c}", MAIN, start, 1000, cat="user_annotation"),
         op("aten::mm", MAIN, start + 10, 20), launch(MAIN, start + 15, c + 1),
         kernel("gemm", start + 20, 100, c + 1),

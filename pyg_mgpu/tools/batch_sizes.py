@@ -6,6 +6,10 @@ job builds its loader as the CLI does (the run plan: where the graph lives, batc
 the feature cache) and draws N batches of the first epoch; for each hop it reports the new
 (unique) nodes and the sampled edges, and per batch the feature bytes gathered, means over the
 batches. The numbers a step's memory traffic is estimated from.
+
+Importing this module loads no torch (torch is imported where a loader is built), so that
+:func:`format_sizes` serves reports that only read a measurement's JSON, such as
+``benchmarks/gpu_floor.py``, without torch's seconds of start-up.
 """
 from __future__ import annotations
 
@@ -14,11 +18,12 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from pyg_mgpu.tools.cli import Parser, add_setting_flags
+
+if TYPE_CHECKING:
+    import torch
 
 
 def measure_batches(loader, batches: int) -> dict:
@@ -55,6 +60,7 @@ def measure_batches(loader, batches: int) -> dict:
 @contextlib.contextmanager
 def _one_rank(device: torch.device):
     """This process as rank 0 of a one-rank job (gloo: its collectives stay on the host)."""
+    import torch
     import torch.distributed as dist
 
     from pyg_mgpu.distributed.context import RankContext

@@ -157,7 +157,11 @@ def _self_times(host: list[dict]) -> list[tuple[dict, float]]:
 def table_from_trace(trace: dict) -> KernelTable:
     """The kernel table of a Chrome trace written by ``torch.profiler`` (``trace.json``)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    # The host's step annotations only: on CUDA, kineto writes each ProfilerStep#N again on
+    # the GPU timeline (cat "gpu_user_annotation", tid a stream), which would count every step
+    # twice and could make a stream the training loop's thread.
+    steps = [e for e in events if e.get("cat") in _HOST_CATEGORIES
+             and e.get("name", "").startswith("ProfilerStep#")]
     host = [e for e in events if e.get("cat") in _HOST_CATEGORIES
             and not e.get("name", "").startswith("ProfilerStep#")]
     stage_of = _StageOf(host, steps)
