@@ -139,6 +139,36 @@ def test_ranks_seeded_alike_draw_their_own_negatives_in_workers():
     assert torch.equal(zero, first_negatives(0)), "the same seeds must repeat them"
 
 
+def distributed_negatives_loader(mode):
+    return pyg_mgpu.LinkNeighborLoader(graph(), [2], batch_size=100,
+                                       neg_sampling=dict(mode=mode, amount=1), distributed=True,
+                                       rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("mode", ["binary", "triplet"])
+def test_rank_negatives_of_a_cpu_graph_never_seed_cuda_generators(mode, monkeypatch):
+    """The negatives' seed goes to the CPU generator they draw from alone: a CPU graph beside
+    a GPU model must not reseed the model's CUDA generators at every batch (as
+    ``torch.manual_seed`` would: ``torch.cuda.manual_seed_all``, run lazily without CUDA)."""
+    calls = []
+    for name in ("manual_seed", "manual_seed_all"):
+        monkeypatch.setattr(torch.cuda, name, lambda seed, name=name: calls.append(name))
+    loader = distributed_negatives_loader(mode)
+    loader.set_epoch(0)
+    assert len(list(loader)) == 4
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_rank_negatives_of_a_cpu_graph_leave_the_cuda_random_state_alone():
+    torch.cuda.init()
+    before = torch.cuda.get_rng_state()
+    loader = distributed_negatives_loader("binary")
+    loader.set_epoch(0)
+    list(loader)
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+
+
 def test_heterogeneous_seed_edges_are_sharded_too():
     data = HeteroData()
     data["user"].x = torch.randn(30, 4)

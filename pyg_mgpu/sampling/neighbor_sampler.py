@@ -222,9 +222,13 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
         else:
             seed = int(torch.randint(2**62, (), dtype=torch.long, device=self.device,
                                      generator=self.generator))
-            devices = [self.device] if self.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):  # the caller's state stays as it was
-                torch.manual_seed(seed)
+            # Only the generators forked here are seeded, so the caller's states all stay as
+            # they were (torch.manual_seed would seed every CUDA device, a GPU model's too).
+            cuda = _negative_sampling_gpus(self.device, neg_sampling)
+            with torch.random.fork_rng(devices=cuda):
+                torch.default_generator.manual_seed(seed)
+                for index in cuda:
+                    torch.cuda.default_generators[index].manual_seed(seed)
                 out = super().sample_from_edges(inputs, neg_sampling)
         self.busy_s += time.perf_counter() - start
         return out
@@ -343,6 +347,15 @@ class NeighborSampler(OwnGenerator, PyGNeighborSampler):
                                  f"input_time, or give {t!r} nodes timestamps (time_attr).")
             times.append(temporal.seed_times(s, given, own))
         return times[0] if len(times) == 1 else torch.cat(times)
+
+
+def _negative_sampling_gpus(device: torch.device, neg_sampling: NegativeSampling) -> list[int]:
+    """The CUDA devices whose generators PyG's negative sampling may draw from besides the
+    CPU's (``torch.randint`` draws there): the graph's, and those that hold the negatives'
+    weights (``torch.multinomial`` draws where its weights are)."""
+    weights = (neg_sampling.src_weight, neg_sampling.dst_weight)
+    devices = {device, *(w.device for w in weights if w is not None)}
+    return sorted(d.index for d in devices if d.type == "cuda")
 
 
 def _as_int64(perm, share_memory: bool):

@@ -208,7 +208,11 @@ def csc_weights(data, weight_attr: Optional[str], csc: CSC,
 
 
 def _edge_weights(weight: Tensor, weight_attr: str, csc: CSC, replace: bool) -> EdgeWeights:
-    weight = weight.float()  # the keys of weighted draws are float32
+    # float64 weights stay float64, as pyg-lib keeps the caller's type: in float32 a weight
+    # below ~1e-45 would be 0 and one above ~3.4e38 infinite. Narrower types are read as
+    # float32, the type of the keys' random draws.
+    if weight.dtype != torch.float64:
+        weight = weight.float()
     if bool((weight < 0).any()) or not bool(torch.isfinite(weight).all()):
         raise ValueError(f"weight_attr={weight_attr!r} holds negative or non-finite weights; "
                          "sampling weights must be finite and >= 0.")

@@ -38,8 +38,9 @@ class EdgeWeights(NamedTuple):
 
 
 def edge_weights(weight: Tensor, colptr: Tensor, replace: bool) -> EdgeWeights:
-    """The forms of ``weight`` (non-negative, float32, CSC order) that weighted draws with or
-    without replacement read; only what ``replace`` and the device need is built."""
+    """The forms of ``weight`` (non-negative, float32 or float64, CSC order) that weighted
+    draws with or without replacement read, in its own type; only what ``replace`` and the
+    device need is built."""
     if replace:
         longest = int(colptr.diff().max()) if colptr.numel() > 1 else 0
         return EdgeWeights(None, run_cumsum(weight, colptr), None, longest.bit_length())
@@ -135,7 +136,8 @@ def weighted_without_replacement(weight: Tensor, bound: Optional[Tensor], start:
 
     Returns:
         ``(order, edge)``: positions in ``deg``, and ``[len(deg), k]`` CSC positions of the
-        drawn edges, one row per node in that order.
+        drawn edges, one row per node in that order, each row in draw order (as pyg-lib emits
+        them: it decides the order new nodes are numbered in).
     """
     if bound is None:
         return _weighted_by_keys(weight, start, deg, k, generator)
@@ -252,14 +254,17 @@ def _weighted_by_keys(weight: Tensor, start: Tensor, deg: Tensor, k: int,
 
     Efraimidis and Spirakis (2006): give every edge the key ``Exp(1) / weight`` and keep each
     node's ``k`` smallest keys; this is distributed exactly as drawing an edge with probability
-    proportional to its weight, removing it, and repeating. Nodes sorted by degree are cut into
-    key matrices (:func:`_key_matrices`), each one selection along its rows
+    proportional to its weight, removing it, and repeating, the smallest key first (pyg-lib's
+    ``_biased_sample``: ``topk`` of ``log(U) / weight``, largest first). Nodes sorted by degree
+    are cut into key matrices (:func:`_key_matrices`), each one selection along its rows
     (:func:`_k_smallest_columns`): no per-node Python.
-    ``weight`` comes from :func:`weights_for_row_views`.
+    ``weight`` comes from :func:`weights_for_row_views`; keys take its type (float32 keys would
+    turn a float64 weight below ~1e-38 into weight 0).
 
     Returns:
         ``(order, edge)``: the nodes by ascending degree (positions in ``deg``), and ``[len(deg),
-        k]`` CSC positions of the drawn edges, one row per node in that order.
+        k]`` CSC positions of the drawn edges, one row per node in that order, each row in draw
+        order.
     """
     device = deg.device
     order = _argsort(deg)
@@ -282,15 +287,16 @@ def _weighted_by_keys(weight: Tensor, start: Tensor, deg: Tensor, k: int,
         view = weight.as_strided((weight.numel() - width + 1, width), (1, 1))
         # key = log(U) / w = -(Exp(1) / w): the k largest keys are the k smallest Exp(1) / w.
         # They are negative (-inf for weight 0, drawn only to fill a node with fewer than k
-        # positive weights), and padding is made positive so it is never drawn. Read as int32,
-        # floats of one sign order by magnitude and negatives sit below positives, so the k
-        # smallest int32 are the k largest keys (as integers they pack with their columns into
-        # int64 pairs: see _k_smallest_columns).
-        key = key.view(-1, width).div_(view.index_select(0, group_start))
+        # positive weights), and padding is made positive so it is never drawn. Read as
+        # integers of their width, floats of one sign order by magnitude and negatives sit
+        # below positives, so the k smallest integers are the k largest keys (as integers they
+        # pack with their columns into int64 pairs: see _k_smallest_columns).
+        key, row_weight = key.view(-1, width), view.index_select(0, group_start)
+        key = key.div_(row_weight) if row_weight.dtype == key.dtype else key / row_weight
         if group.min_degree < width:  # only columns past the smallest degree can be padding
             past_end = column[group.min_degree:width] >= group_deg
             key[:, group.min_degree:].masked_fill_(past_end, 1.0)
-        _k_smallest_columns(key.view(torch.int32), k, out=group_offset)
+        _k_smallest_columns(key.view(_INT_OF_FLOAT[key.dtype]), k, out=group_offset)
     return order, offset.add_(sorted_start.unsqueeze(1))
 
 
@@ -306,6 +312,8 @@ def _argsort(values: Tensor) -> Tensor:
     return torch.sort(values).indices
 
 
+# The integers that weighted keys are read as.
+_INT_OF_FLOAT = {torch.float32: torch.int32, torch.float64: torch.int64}
 # At 1 and 2 threads numpy's partition ran 2-4x faster than topk (rows of 12-40 keys); topk's
 # time halved from 1 to 2 threads, so from about 4 threads it would catch up.
 _PARTITION_MAX_THREADS = 4
@@ -315,29 +323,40 @@ _LOW_WORD, _HIGH_WORD = (0, 1) if sys.byteorder == "little" else (1, 0)
 
 def _k_smallest_columns(matrix: Tensor, k: int, out: Tensor) -> None:
     """Writes to ``out`` (``[rows, k]`` int64) the columns of each row's ``k`` smallest
-    entries of the int32 ``matrix``, in no particular order within a row; of equal entries,
-    the lower columns are taken.
+    entries of the int32 or int64 ``matrix``, smallest first (the keys' draw order); of equal
+    entries, the lower columns are taken, and first.
 
-    Each entry and its column become one int64, the entry in the high word: the pairs order
-    as the entries do, ties by column, and they are distinct, so a row's ``k`` smallest pairs
-    are one set on every device and machine. On the CPU, numpy's introselect partitions them
-    in place: on rows of tens of entries ~3x faster than ``torch.topk``, which builds a buffer
-    of (value, index) pairs for every row, and ~1.7x faster than numpy's ``argpartition``,
-    which writes an index for every entry. It runs on one thread, while ``topk`` shares the
-    rows among torch's threads: with ``_PARTITION_MAX_THREADS`` threads or more, and on
-    GPUs, ``topk`` selects the pairs.
+    Each entry and its column become one int64, the entry in the high bits: the pairs order
+    as the entries do, ties by column, and they are distinct, so a row's ``k`` smallest pairs,
+    sorted, are one list on every device and machine. An int32 entry fills the high word; an
+    int64 one (a float64 key) gives up its lowest bits, as many as a column needs (10 for 1,024
+    columns): keys closer than ``2^-(52 - bits)`` of their size are then ties, still finer
+    than float32 keys resolve below 2^29 columns. On the CPU, numpy's introselect partitions
+    the pairs in place: on rows of tens of entries ~3x faster than ``torch.topk``, which builds
+    a buffer of (value, index) pairs for every row, and ~1.7x faster than numpy's
+    ``argpartition``, which writes an index for every entry; the ``k`` kept are then sorted.
+    It runs on one thread, while ``topk`` shares the rows among torch's threads: with
+    ``_PARTITION_MAX_THREADS`` threads or more, and on GPUs, ``topk`` selects the pairs,
+    sorted.
     """
     rows, width = matrix.shape
-    pairs = torch.empty(rows, width, 2, dtype=torch.int32, device=matrix.device)
-    pairs[:, :, _HIGH_WORD] = matrix
-    pairs[:, :, _LOW_WORD] = torch.arange(width, dtype=torch.int32, device=matrix.device)
-    pairs = pairs.view(torch.int64).view(rows, width)
+    if matrix.dtype == torch.int32:
+        pairs = torch.empty(rows, width, 2, dtype=torch.int32, device=matrix.device)
+        pairs[:, :, _HIGH_WORD] = matrix
+        pairs[:, :, _LOW_WORD] = torch.arange(width, dtype=torch.int32, device=matrix.device)
+        pairs = pairs.view(torch.int64).view(rows, width)
+        column_bits = 32
+    else:
+        column_bits = max(1, (width - 1).bit_length())
+        pairs = matrix.bitwise_right_shift(column_bits).bitwise_left_shift_(column_bits)
+        pairs.bitwise_or_(torch.arange(width, device=matrix.device))
     if matrix.device.type == "cpu" and torch.get_num_threads() < _PARTITION_MAX_THREADS:
         pairs.numpy().partition(k - 1, axis=1)
         smallest = pairs[:, :k]
+        smallest.numpy().sort(axis=1)
     else:
-        smallest = torch.topk(pairs, k, dim=1, largest=False, sorted=False).values
-    out.copy_(smallest.view(torch.int32).view(rows, k, 2)[:, :, _LOW_WORD])
+        smallest = torch.topk(pairs, k, dim=1, largest=False, sorted=True).values
+    torch.bitwise_and(smallest, (1 << column_bits) - 1, out=out)
 
 
 def _log_uniform(numel: int, generator, device) -> Tensor:
