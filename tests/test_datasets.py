@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import socket
 import stat
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from torch_geometric.utils import to_undirected
 
 import pyg_mgpu.data.csc as csc_module
 from pyg_mgpu.data import (DATASETS, DatasetError, ConvertedGraph, SyntheticSpec, load_dataset,
@@ -229,13 +231,15 @@ def test_read_only_root_is_mirrored_into_cache(tmp_path, cache):
 
 # OGB, from tiny files in its raw format (ogb/io/read_graph_raw.py, ogb/nodeproppred/dataset.py).
 
-def write_ogbn_arxiv(root: Path, release: bool) -> dict[str, np.ndarray]:
+def write_ogbn_arxiv(root: Path, release: bool,
+                     edges: np.ndarray | None = None) -> dict[str, np.ndarray]:
     folder = root / "ogbn_arxiv"
     (folder / "raw").mkdir(parents=True)
     (folder / "split" / "time").mkdir(parents=True)
     n = 10
-    edges = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0],
-                      [1, 2, 3, 4, 5, 6, 7, 8, 9, 5]])
+    if edges is None:
+        edges = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0],
+                          [1, 2, 3, 4, 5, 6, 7, 8, 9, 5]])
     data = {"edges": edges, "x": np.arange(n * 3).reshape(n, 3) / 4, "y": np.arange(n) % 4,
             "train": np.arange(5), "valid": np.array([5, 6]), "test": np.array([7, 8, 9])}
 
@@ -271,6 +275,52 @@ def test_ogbn_arxiv_from_raw_files(tmp_path, offline, no_stdin, release):
         assert g.val_idx.tolist() == data["valid"].tolist()
         assert g.test_idx.tolist() == data["test"].tolist()
     assert (tmp_path / "ogbn_arxiv" / "raw" / "edge.csv.gz").exists(), "OGB deleted the data"
+
+
+# An edge given both ways, a self loop and a duplicate: each (source, destination) pair once.
+ONE_WAY_AND_BACK = np.array([[0, 1, 2, 3, 3, 5, 7, 9],
+                             [1, 0, 2, 4, 4, 6, 0, 8]])
+
+
+def in_csc_order(edge_index: torch.Tensor) -> torch.Tensor:
+    """``edge_index`` sorted by destination, then source: the order of a graph's edge ids."""
+    order = edge_index[0].argsort(stable=True)
+    order = order[edge_index[1][order].argsort(stable=True)]
+    return edge_index[:, order]
+
+
+@pytest.mark.slow
+def test_ogbn_arxiv_is_made_undirected_as_pyg_to_undirected_makes_it(tmp_path, offline, no_stdin):
+    write_ogbn_arxiv(tmp_path, True, ONE_WAY_AND_BACK)
+    g = load_graph("ogbn-arxiv", tmp_path)
+    expected = to_undirected(torch.from_numpy(ONE_WAY_AND_BACK), num_nodes=10)
+    assert expected.size(1) == 11  # 0-1, 3-4, 5-6, 7-0, 9-8 both ways and the loop 2-2 once
+    # Edge ids are positions in this order (in-edges by destination, sources ascending).
+    assert torch.equal(g.edge_index(), in_csc_order(expected))
+
+
+def test_from_edge_index_add_reverse_is_the_coalesced_union():
+    edges = torch.from_numpy(ONE_WAY_AND_BACK).int()
+    n = 10
+    g = ConvertedGraph.from_edge_index("g", edges, torch.ones(n, 1), torch.arange(n) % 2,
+                                       torch.arange(4), torch.arange(4, 6), torch.arange(6, 10),
+                                       add_reverse=True)
+    assert torch.equal(g.edge_index(), in_csc_order(to_undirected(edges.long(), num_nodes=n)))
+    # An id out of range is still refused by name, not merged away with another pair.
+    with pytest.raises(DatasetError, match=r"outside \[0, 10\) \(min 0, max 10\)"):
+        ConvertedGraph.from_edge_index("g", torch.tensor([[0, 1], [10, 0]]), torch.ones(n, 1),
+                                       torch.arange(n) % 2, torch.arange(4),
+                                       torch.arange(4, 6), torch.arange(6, 10), add_reverse=True)
+
+
+@pytest.mark.slow
+def test_an_ogb_folder_without_features_names_the_file(tmp_path, offline, no_stdin):
+    write_ogbn_arxiv(tmp_path, True)
+    features = tmp_path / "ogbn_arxiv" / "raw" / "node-feat.csv.gz"
+    features.unlink()
+    with pytest.raises(DatasetError, match=re.escape(f"ogbn-arxiv: OGB read no node features: "
+                                                     f"{features} is missing; put OGB's file")):
+        load_graph("ogbn-arxiv", tmp_path)
 
 
 # Missing files, offline.
@@ -357,9 +407,19 @@ NAN_X[3, 1] = np.nan
     ({"y": np.array([0, 1, 0, 1, 0, 9]), "num_classes": None},
      "only 3 distinct labels occur, so 7 of 10 classes would have no node"),
     ({"y": np.array([0, 0.5, 100.5, 1, 0, 1]), "num_classes": None}, "fractional values"),
+    ({"x": np.array([["a", "b"]] * 6)}, "features x must hold real numbers (bool, integer or "
+                                        "float), got dtype <U1"),
+    ({"x": np.ones((6, 2), np.complex64)}, "got dtype complex64; store the real and imaginary"),
+    ({"x": np.ones((6, 0), np.float32)}, "at least one feature per node), got shape (6, 0)"),
+    ({"y": np.array([1e20, 1, 0, 1, 0, 1])}, "label 100000000000000000000 is out of range for "
+                                             "2 classes"),
+    ({"y": np.array([0, 1, np.nan, 1, 0, 1])}, "split val_idx holds 1 node(s) whose label is "
+                                               "NaN (unlabelled), e.g. node 2"),
+    ({"y": np.array([0, 1, 0, 1, np.inf, 1])}, "labels y must be integer class ids, got inf"),
 ], ids=["missing-key", "x-shape", "label-range", "nan-feature", "empty-split", "overlap",
         "split-range", "edge-range", "float-index", "num-classes", "rows-disagree",
-        "stray-label", "fractional-label"])
+        "stray-label", "fractional-label", "string-features", "complex-features",
+        "no-feature-columns", "huge-float-label", "nan-label-in-split", "inf-label"])
 def test_bad_npz_is_rejected(tmp_path, change, problem):
     arrays = {**good_arrays(), **change}
     path = tmp_path / "bad.npz"
@@ -367,6 +427,28 @@ def test_bad_npz_is_rejected(tmp_path, change, problem):
     with pytest.raises(DatasetError) as info:
         load_graph(str(path))
     assert str(path) in str(info.value) and problem in str(info.value)
+
+
+def test_nan_labels_outside_the_splits_are_unlabelled(tmp_path):
+    # OGB's convention (papers100M): NaN marks a node without a label.
+    arrays = {**good_arrays(), "y": np.array([0, 1, 0, 1, 0, 1, np.nan]),
+              "x": np.ones((7, 2), np.float32)}
+    np.savez(tmp_path / "g.npz", **arrays)
+    g = load_graph(str(tmp_path / "g.npz"))
+    assert g.y.tolist() == [0, 1, 0, 1, 0, 1, -1] and g.num_classes == 2
+
+
+@pytest.mark.parametrize("change", [{"x": np.array([["a", "b"]] * 6)},
+                                    {"x": np.ones((6, 0), np.float32)},
+                                    {"y": np.array([1e20, 1, 0, 1, 0, 1])}],
+                         ids=["string-features", "no-feature-columns", "huge-float-label"])
+def test_bad_npz_is_one_error_line_on_the_cli(tmp_path, capsys, change):
+    from pyg_mgpu.distributed_sampling import main
+    np.savez(tmp_path / "bad.npz", **{**good_arrays(), **change})
+    assert main(["--dataset", str(tmp_path / "bad.npz"), "--devices", "cpu", "--nprocs", "1",
+                 "--epochs", "1", "--no-cache", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
 
 
 def test_empty_classes_load_when_the_file_says_how_many_there_are(tmp_path):
@@ -423,14 +505,14 @@ else:
 
 # ogbn-mag, from tiny files in OGB's heterogeneous raw format (ogb/io/read_graph_raw.py).
 
-def write_ogbn_mag(root: Path) -> dict:
+def write_ogbn_mag(root: Path, cites: list | None = None) -> dict:
     folder = root / "ogbn_mag"
     raw = folder / "raw"
     types = ["author", "field_of_study", "institution", "paper"]
     counts = {"author": 4, "field_of_study": 2, "institution": 2, "paper": 6}
     relations = {("author", "affiliated_with", "institution"): [[0, 1, 2, 3], [0, 0, 1, 1]],
                  ("author", "writes", "paper"): [[0, 1, 2, 3, 3], [0, 1, 2, 3, 5]],
-                 ("paper", "cites", "paper"): [[0, 1, 2, 4], [1, 2, 3, 5]],
+                 ("paper", "cites", "paper"): cites or [[0, 1, 2, 4], [1, 2, 3, 5]],
                  ("paper", "has_topic", "field_of_study"): [[0, 1, 2, 3, 4, 5],
                                                             [0, 0, 1, 1, 0, 1]]}
 
@@ -472,9 +554,11 @@ def test_ogbn_mag_from_raw_files(tmp_path, offline, no_stdin):
         assert data.num_classes == 349
         for (src, rel, dst), edges in written["relations"].items():
             edges = torch.tensor(edges)
-            assert torch.equal(data[src, rel, dst].edge_index, edges)
             if src != dst:
+                assert torch.equal(data[src, rel, dst].edge_index, edges)
                 assert torch.equal(data[dst, f"rev_{rel}", src].edge_index, edges.flip(0))
+            else:  # cites, made undirected in place as PyG's ToUndirected does
+                assert torch.equal(data[src, rel, dst].edge_index, to_undirected(edges))
         assert ("paper", "rev_cites", "paper") not in data.edge_types
         assert torch.equal(data["paper"].x, torch.from_numpy(written["x"]).float())
         assert torch.equal(data["paper"].y, torch.from_numpy(written["y"]))
@@ -483,6 +567,17 @@ def test_ogbn_mag_from_raw_files(tmp_path, offline, no_stdin):
         assert data["paper"].val_mask.nonzero().view(-1).tolist() == [3]
         assert data["paper"].test_mask.nonzero().view(-1).tolist() == [4, 5]
         assert "x" not in data["author"]  # OGB ships no author features
+
+
+@pytest.mark.slow
+def test_ogbn_mag_cites_is_undirected_as_pyg_to_undirected_makes_it(tmp_path, offline, no_stdin):
+    # A citation given both ways, a self citation and a duplicate.
+    cites = [[0, 1, 2, 3, 3, 4], [1, 0, 2, 5, 5, 1]]
+    write_ogbn_mag(tmp_path, cites)
+    data = load_dataset("ogbn-mag", tmp_path)
+    expected = to_undirected(torch.tensor(cites), num_nodes=6)
+    assert expected.size(1) == 7
+    assert torch.equal(data["paper", "cites", "paper"].edge_index, expected)
 
 
 def test_ogbn_mag_missing_files_say_where_to_put_them(tmp_path, offline):

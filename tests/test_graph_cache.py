@@ -178,7 +178,23 @@ def test_changed_source_makes_the_cache_stale(tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) == 2
 
 
-@pytest.mark.parametrize("damage", ["truncated", "missing", "meta", "pointers"])
+def overwrite_start(path, values: np.ndarray) -> None:
+    """Overwrites the first bytes of ``path`` with ``values``, keeping its size."""
+    with open(path, "r+b") as f:
+        f.write(values.tobytes())
+
+
+# Same size, wrong content: what a sampler or the loss would trip over mid-run.
+SAME_SIZE_DAMAGE = {
+    "pointers-decrease": ("colptr", lambda g: np.array([0, g.num_edges], np.int64)),
+    "source-ids": ("row", lambda g: np.array([g.num_nodes], g.row.numpy().dtype)),
+    "labels": ("y", lambda g: np.array([g.num_classes], np.int64)),
+    "split-ids": ("train_idx", lambda g: np.array([g.num_nodes], np.int64)),
+}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "meta", "pointers",
+                                    *SAME_SIZE_DAMAGE])
 def test_damaged_cache_is_rebuilt(tmp_path, damage):
     g = make_synthetic(SMALL, seed=5)
     path = write_npz(tmp_path / "g.npz", g)
@@ -192,8 +208,11 @@ def test_damaged_cache_is_rebuilt(tmp_path, damage):
         (folder / "row.bin").unlink()
     elif damage == "meta":
         (folder / "meta.json").write_text("{not json")
-    else:  # same size, wrong content: the pointers no longer end at the edge count
+    elif damage == "pointers":  # same size: the pointers no longer end at the edge count
         (folder / "colptr.bin").write_bytes(bytes(len((folder / "colptr.bin").read_bytes())))
+    else:
+        name, values = SAME_SIZE_DAMAGE[damage]
+        overwrite_start(folder / f"{name}.bin", values(g))
     back = load_npz_cached(path, tmp_path / "cache", lines)
     assert "rebuilt" in lines[-1] and ("corrupt" in lines[-1] or "unreadable" in lines[-1])
     for key, t in g.tensors().items():

@@ -164,8 +164,9 @@ def test_cli_reads_ogbn_mag_from_raw_files(tmp_path, offline, no_stdin, model):
                  "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["dataset"] == "ogbn-mag"
-    # Each relation and its reverse, but cites (paper to paper) has none.
-    assert metrics["num_nodes"] == 14 and metrics["num_edges"] == 2 * 19 - 4
+    # Each relation and its reverse; cites (paper to paper) made undirected in place, as PyG's
+    # ToUndirected does (its 4 edges have no reverse among them, so 8).
+    assert metrics["num_nodes"] == 14 and metrics["num_edges"] == 2 * 19
     assert metrics["train_nodes"] == 3 and len(metrics["epochs"]) == 2
 
 

@@ -31,8 +31,9 @@ import torch
 
 from pyg_mgpu.data.graph import ConvertedGraph
 from pyg_mgpu.data.sharing import MappedFile, check_shm_room
+from pyg_mgpu.data.validation import SPLITS
 
-FORMAT = 1  # bump when the layout or the conversion changes: every older cache goes stale
+FORMAT = 2  # bump when the layout or the conversion changes: every older cache goes stale
 META = "meta.json"
 CACHE_ENV = "PYG_MGPU_CACHE"
 
@@ -220,13 +221,26 @@ def _sweep_orphans(shm_dir: str) -> None:
 
 
 def _check_structure(graph: ConvertedGraph) -> None:
-    """Cheap checks (pointers only) that catch a cache overwritten in place."""
-    colptr = graph.colptr
+    """Cheap checks that catch a cache overwritten in place with the same sizes: one pass over
+    the pointers, source ids, labels and splits (no temporary larger than the pointers), which
+    a sampler or loss would otherwise trip over mid-run; the features are not read."""
+    colptr, num_nodes = graph.colptr, graph.num_nodes
     if colptr.numel() < 2 or int(colptr[0]) != 0 or int(colptr[-1]) != graph.num_edges:
         raise CacheInvalid(f"corrupt (its CSC pointers end at {int(colptr[-1])}, but it holds "
                            f"{graph.num_edges} edges)")
-    if graph.x.size(0) != graph.num_nodes or graph.y.numel() != graph.num_nodes:
+    if graph.x.size(0) != num_nodes or graph.y.numel() != num_nodes:
         raise CacheInvalid("corrupt (features, labels and pointers disagree on the node count)")
+    if bool((colptr[1:] < colptr[:-1]).any()):
+        raise CacheInvalid("corrupt (its CSC pointers decrease)")
+    ranges = {"source ids": (graph.row, 0, num_nodes),
+              "labels": (graph.y, -1, graph.num_classes),  # -1: unlabelled
+              **{split: (getattr(graph, split), 0, num_nodes) for split in SPLITS}}
+    for what, (values, low, high) in ranges.items():
+        if values.numel():
+            least, most = (int(v) for v in torch.aminmax(values))
+            if least < low or most >= high:
+                raise CacheInvalid(f"corrupt (its {what} span [{least}, {most}], outside "
+                                   f"[{low}, {high}))")
 
 
 def _holds(folder: Path, key: str) -> bool:

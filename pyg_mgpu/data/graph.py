@@ -31,6 +31,23 @@ fp16); every other type becomes float32. Batches are computed on in float32, or 
 autocast."""
 
 
+def undirected_edges(src: Tensor, dst: Tensor) -> tuple[Tensor, Tensor]:
+    """The edges and their reverses, each (source, destination) pair once, sorted by source,
+    then destination: the graph PyG's ``to_undirected`` (``ToUndirected``) and DGL's
+    ``to_bidirected`` make of a directed one (an edge given both ways, a duplicate edge and a
+    self loop all appear once). Ids of any integer type, returned as int64; any values are
+    taken (ids out of range are the conversion's to refuse)."""
+    src, dst = torch.cat([src, dst]).long(), torch.cat([dst, src]).long()
+    # Two stable sorts, not one on a combined key: the key src * N + dst could overflow (or
+    # merge distinct pairs) for ids outside [0, N).
+    order = dst.argsort(stable=True)
+    order = order[src[order].argsort(stable=True)]
+    src, dst = src[order], dst[order]
+    first = torch.ones(src.numel(), dtype=torch.bool, device=src.device)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    return src[first], dst[first]
+
+
 def feature_dtype_for(stored: torch.dtype, requested: Optional[torch.dtype] = None) -> torch.dtype:
     """The features' type in memory: ``requested``, or by default the stored half precision
     (:data:`HALF_FEATURES`) kept, anything else float32."""
@@ -204,8 +221,9 @@ class ConvertedGraph(TrainingGraph):
     ) -> "ConvertedGraph":
         """Validates a (source, destination) edge list with node data and converts it to CSC.
 
-        ``add_reverse=True`` adds every edge's reverse after the edges given (for graphs
-        stored one way only), read from the same array rather than a concatenated copy.
+        ``add_reverse=True`` makes the graph undirected (for graphs stored one way only) as
+        PyG's ``ToUndirected`` does: the edges and their reverses, each pair once
+        (:func:`undirected_edges`; a copy of the edge list, so meant for small graphs).
 
         Raises:
             DatasetError: if any shape, range or split is wrong (the message says which).
@@ -218,14 +236,11 @@ class ConvertedGraph(TrainingGraph):
             raise DatasetError(f"{name}: edge_index must hold integer node ids, got "
                                f"{edge_index.dtype}.")
         src, dst = edge_index  # any integer type: converted a chunk at a time
-
-        def edges() -> Iterator[tuple[Tensor, Tensor]]:
-            yield from edge_chunks(src, dst)()
-            if add_reverse:
-                yield from edge_chunks(dst, src)()
-
-        return cls.from_edge_chunks(name, edges, x, y, train_idx, val_idx, test_idx,
-                                    num_classes)
+        if add_reverse:
+            src, dst = undirected_edges(as_signed_ids(src, "edge_index", name),
+                                        as_signed_ids(dst, "edge_index", name))
+        return cls.from_edge_chunks(name, edge_chunks(src, dst), x, y, train_idx, val_idx,
+                                    test_idx, num_classes)
 
     @classmethod
     def from_edge_chunks(
@@ -254,13 +269,18 @@ class ConvertedGraph(TrainingGraph):
         if not (torch.is_floating_point(y) or y.dtype == torch.bool):
             y = as_signed_ids(y, "labels y", name)  # min/max exist for every signed type
         validate_node_data(name, x, y, splits)
+        if torch.is_floating_point(y):
+            # NaN marks an unlabelled node (OGB's convention); checked and clamped while still
+            # floats, since int64 conversion wraps labels of 2**63 or more to negative ones.
+            y = torch.nan_to_num(y, nan=-1.0).clamp(min=-1)
+        top = int(y.max())
+        if num_classes is None:
+            num_classes = top + 1
+        elif top >= num_classes:
+            raise DatasetError(f"{name}: label {top} is out of range for "
+                               f"{num_classes} classes; labels must lie in [0, {num_classes}).")
         # Unlabeled nodes outside every split may carry any negative label; mark them -1.
         y = y.view(-1).long().clamp(min=-1)
-        if num_classes is None:
-            num_classes = int(y.max()) + 1
-        elif int(y.max()) >= num_classes:
-            raise DatasetError(f"{name}: label {int(y.max())} is out of range for "
-                               f"{num_classes} classes; labels must lie in [0, {num_classes}).")
         if num_classes < 2:
             raise DatasetError(f"{name}: every labelled node has label 0, so there is one class "
                                "and nothing to classify; node classification needs labels of "

@@ -5,8 +5,9 @@ embedded synthetic one (:mod:`pyg_mgpu.data.synthetic_hetero`).
 ``ROOT/ogbn_mag/`` (downloaded there where the network allows), with the same guards and error
 messages as the homogeneous OGB datasets. Papers carry features, the year, labels and OGB's
 time split as masks; the other node types (author, institution, field_of_study) have no features
-in OGB's release. Each of the four relations also gets its reverse (``rev_writes`` and so on), as
-PyG's recipes add with ``ToUndirected``, so that every node type receives messages.
+in OGB's release. As PyG's recipes make it with ``ToUndirected``, so that every node type receives
+messages, each relation between two types gets its reverse (``rev_writes`` and so on), and
+``cites`` (paper to paper) becomes undirected in place: each pair of papers joined once, both ways.
 
 :func:`load_hetero_graph` is the CLI's route: the dataset as a
 :class:`~pyg_mgpu.data.hetero_graph.HeteroGraph`, with features for the node types that have none
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from pyg_mgpu.data.downloads import ogb_guards, run_library
+from pyg_mgpu.data.graph import undirected_edges
 
 if TYPE_CHECKING:  # PyG is imported when a heterogeneous graph is loaded, not for its names
     from torch_geometric.data import HeteroData
@@ -125,8 +127,10 @@ def _load_ogbn_mag(root: Path) -> HeteroData:
         data[node_type].y = torch.from_numpy(np.asarray(y).reshape(-1).astype(np.int64))
     for (src, rel, dst), edge_index in graph["edge_index_dict"].items():
         edge_index = torch.from_numpy(np.asarray(edge_index, dtype=np.int64))
-        data[src, rel, dst].edge_index = edge_index
-        if (src, rel, dst) != (dst, rel, src):  # cites is paper -> paper: no reverse type
+        if src == dst:  # cites: ToUndirected merges the reverse in, no rev_ type
+            data[src, rel, dst].edge_index = torch.stack(undirected_edges(*edge_index))
+        else:
+            data[src, rel, dst].edge_index = edge_index
             data[dst, f"rev_{rel}", src].edge_index = edge_index.flip(0)
     for node_type in split["train"]:
         n = data[node_type].num_nodes

@@ -31,7 +31,8 @@ OGB = {
                         "http://snap.stanford.edu/ogb/data/nodeproppred/papers100M-bin.zip"),
 }
 # Citation graphs that OGB stores one way only. DGL's and PyG's recipes train ogbn-arxiv as an
-# undirected graph; papers100M is left as stored, since doubling its 1.6B edges would add ~26 GB.
+# undirected graph (ToUndirected: each pair of nodes joined once, both ways); papers100M is left
+# as stored, since doubling its 1.6B edges would add ~26 GB.
 _ADD_REVERSE_EDGES = {"ogbn-arxiv"}
 
 _NPZ_CONTENTS = ("edge_index [2, E] (int), x [N, F], y [N], train_idx, val_idx, test_idx "
@@ -89,17 +90,19 @@ def load_ogb(name: str, root: Path) -> ConvertedGraph:
 
     dataset, idx = run_library(name, root, folder, expected, url, build)
     graph, labels = dataset[0]
-    y = np.asarray(labels).reshape(-1)
-    if np.issubdtype(y.dtype, np.floating):
-        # papers100M leaves most nodes unlabeled (NaN); ConvertedGraph takes negative labels
-        # on nodes outside every split.
-        y = np.nan_to_num(y, nan=-1.0)
+    if graph.get("node_feat") is None:  # OGB reads its feature file as optional
+        features = folder / (raw_file if raw_file.endswith(".npz") else "raw/node-feat.csv.gz")
+        problem = "holds none" if features.exists() else "is missing"
+        raise DatasetError(f"{name}: OGB read no node features: {features} {problem}; put "
+                           f"OGB's file there (it is in {url}).")
     return ConvertedGraph.from_edge_index(
         name=name,
         edge_index=torch.from_numpy(graph["edge_index"]),
         x=torch.from_numpy(graph["node_feat"]),
-        y=torch.from_numpy(y.astype(np.int64)),
-        # torch.tensor copies: pandas hands out read-only arrays.
+        # papers100M's labels are floats, NaN where a node is unlabelled, which ConvertedGraph
+        # takes on nodes outside every split. torch.tensor copies: pandas hands out read-only
+        # arrays.
+        y=torch.tensor(np.asarray(labels).reshape(-1)),
         train_idx=torch.tensor(idx["train"], dtype=torch.long),
         val_idx=torch.tensor(idx["valid"], dtype=torch.long),
         test_idx=torch.tensor(idx["test"], dtype=torch.long),
@@ -167,6 +170,10 @@ def load_npz(path: Path) -> ConvertedGraph:
         if len(features.shape) != 2 or features.shape[0] == 0:
             raise error(f"features x must be a non-empty [num_nodes, num_features] matrix, got "
                         f"shape {features.shape}")
+        if features.dtype.kind not in "biuf":  # read into float: the rest would be mangled
+            raise error(f"features x must hold real numbers (bool, integer or float), got "
+                        f"dtype {features.dtype}" + ("; store the real and imaginary parts as "
+                        "separate feature columns" if features.dtype.kind == "c" else ""))
         x = features.read_into(torch.empty(features.shape, dtype=_feature_dtype(features)))
         if num_classes is not None:
             if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):

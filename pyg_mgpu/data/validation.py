@@ -43,12 +43,18 @@ def as_signed_ids(ids: Tensor, what: str, name: str) -> Tensor:
 
 
 def validate_node_data(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
-    """Raises :class:`DatasetError` unless ``x`` is a finite ``[num_nodes, num_features]``
-    matrix, ``y`` holds one integer label per node, and ``splits`` (train, val, test; each
-    flattened) are non-empty, disjoint lists of node ids whose nodes have labels >= 0."""
-    if x.dim() != 2 or x.size(0) == 0:
+    """Raises :class:`DatasetError` unless ``x`` is a finite, real ``[num_nodes, num_features]``
+    matrix with at least one column, ``y`` holds one integer label per node (NaN for an
+    unlabelled node in float labels), and ``splits`` (train, val, test; each flattened) are
+    non-empty, disjoint lists of node ids whose nodes have labels >= 0."""
+    if x.dim() != 2 or x.size(0) == 0 or x.size(1) == 0:
         raise DatasetError(f"{name}: features x must be a non-empty [num_nodes, num_features] "
-                           f"matrix, got shape {tuple(x.shape)}.")
+                           f"matrix (at least one feature per node), got shape "
+                           f"{tuple(x.shape)}.")
+    if torch.is_complex(x):
+        raise DatasetError(f"{name}: features x must be real numbers, got {x.dtype} (whose "
+                           "imaginary parts would be dropped); store the real and imaginary "
+                           "parts as separate feature columns.")
     num_nodes = x.size(0)
     if torch.is_floating_point(x):
         # A row block at a time: a whole-matrix mask would be a temporary of N x F bytes.
@@ -66,8 +72,13 @@ def validate_node_data(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) ->
     if y.numel() != num_nodes:
         raise DatasetError(f"{name}: features x have {num_nodes} rows but labels y have "
                            f"{y.numel()}: both need one per node.")
-    if torch.is_floating_point(y) and not torch.equal(y, y.round()):
-        raise DatasetError(f"{name}: labels y must be integer class ids, got fractional values.")
+    if torch.is_floating_point(y):
+        known = y[~torch.isnan(y)]  # NaN: unlabelled, as OGB stores it (checked at the splits)
+        if not bool(torch.isfinite(known).all()):
+            raise DatasetError(f"{name}: labels y must be integer class ids, got inf.")
+        if not torch.equal(known, known.round()):
+            raise DatasetError(f"{name}: labels y must be integer class ids, got fractional "
+                               "values.")
     seen = torch.zeros(num_nodes, dtype=torch.bool)
     for split_name, idx in zip(SPLITS, splits):  # flattened by the caller
         if idx.numel() == 0:
@@ -84,6 +95,13 @@ def validate_node_data(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) ->
             raise DatasetError(f"{name}: split {split_name} overlaps an earlier split in "
                                f"{int(seen[idx].sum())} node(s); splits must be disjoint.")
         seen[idx] = True
+        if torch.is_floating_point(y):
+            unlabelled = idx[torch.isnan(y[idx])]
+            if unlabelled.numel():
+                raise DatasetError(f"{name}: split {split_name} holds {unlabelled.numel()} "
+                                   f"node(s) whose label is NaN (unlabelled), e.g. node "
+                                   f"{int(unlabelled[0])}; give them labels, or keep unlabeled "
+                                   "nodes out of every split.")
     labelled = y[seen]
     if int(labelled.min()) < 0:
         raise DatasetError(f"{name}: nodes in the splits need labels >= 0, got "
