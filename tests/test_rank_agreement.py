@@ -2,6 +2,7 @@
 epoch. Otherwise each rank would cut its shard from another permutation, and inputs would be
 lost and repeated without a sign."""
 import datetime
+import pickle
 
 import pytest
 import torch
@@ -86,6 +87,25 @@ def test_loaders_numbered_alike_on_every_rank_use_their_own_keys():
     RankAgreement("NeighborLoader", store, 1, 0).check_built(SETTINGS)
     with pytest.raises(ValueError, match="seed=0 where rank 0 has 7"):
         RankAgreement("NeighborLoader", store, 1, 1).check_built(SETTINGS)
+
+
+def test_a_checked_loader_still_runs_workers_started_by_spawn(tmp_path):
+    # Spawn pickles the loader (its collate_fn) into every worker; a store does not pickle.
+    data = Data(x=torch.randn(40, 2), edge_index=torch.randint(0, 40, (2, 100)))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        loader = NeighborLoader(data, [2], batch_size=8, distributed=True, num_workers=1,
+                                multiprocessing_context="spawn")
+        assert loader.epoch_sampler.agreement is not None
+        loader.set_epoch(1)
+        seeds = torch.cat([batch.n_id[:batch.batch_size] for batch in loader])
+        assert sorted(seeds.tolist()) == list(range(40))
+        copy = pickle.loads(pickle.dumps(loader.epoch_sampler))
+        assert copy.agreement.store is None and loader.epoch_sampler.agreement.store is not None
+        copy.set_epoch(2)  # a copy checks nothing
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_loader_for_other_ranks_than_the_groups_checks_nothing(tmp_path):

@@ -67,6 +67,11 @@ class RankAgreement:
         _checked_loaders += 1
         return cls(what, store, rank, _checked_loaders - 1)
 
+    def __getstate__(self) -> dict:
+        # A copy in another process (a DataLoader worker started by spawn, which pickles the
+        # loader) has no store: stores do not pickle, and the rank's own loader checks.
+        return dict(self.__dict__, store=None)
+
     def check_built(self, settings: dict) -> None:
         self._compare("built", settings, "when built")
 
@@ -93,6 +98,8 @@ class RankAgreement:
 
     def _compare(self, name: str, settings: dict, when: str) -> None:
         key = f"{self.key}/{name}"
+        if self.store is None:
+            return
         if self.rank == 0:
             self.store.set(key, json.dumps(settings))
             return
