@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyg_mgpu.data import DatasetError, load_graph
+from pyg_mgpu.data import DatasetError, downloads, load_graph
 from pyg_mgpu.data.cache import CACHE_ENV
 
 from test_datasets import make_read_only, make_writable, write_ogbn_arxiv, write_reddit
@@ -81,3 +81,18 @@ def test_a_failed_download_into_an_existing_folder_leaves_it_as_it_was(tmp_path,
     with pytest.raises(DatasetError, match="the download from .* failed"):
         load_graph("reddit", root)
     assert sorted(p.name for p in root.iterdir()) == ["notes"]
+
+
+def test_a_stale_processed_link_is_emptied_not_removed(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "data.pt").write_text("old")
+    (elsewhere / "sub" / "more.pt").write_text("old")
+    folder = tmp_path / "ds"
+    (folder / "raw").mkdir(parents=True)
+    (folder / "processed").symlink_to(elsewhere)
+    for path in [elsewhere / "data.pt", elsewhere / "sub" / "more.pt"]:
+        os.utime(path, (1, 1))
+    (folder / "raw" / "a.npz").write_text("new")
+    downloads._drop_stale_processed("demo", folder)
+    assert (folder / "processed").is_symlink() and list(elsewhere.iterdir()) == []

@@ -301,3 +301,20 @@ def test_mapped_features_train_like_shared_memory(tmp_path):
         losses[mode] = [e["train_loss"] for e in metrics["epochs"]]
     assert losses["shm"] == losses["mmap"]
     assert main(tiny + ["--no-cache", "--features-on", "mmap", "--out", str(tmp_path)]) == 2
+
+
+def test_past_the_whole_read_limit_source_ids_are_checked_evenly_spaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_module, "_ROWS_READ_WHOLE", 16)
+    g = make_synthetic(SMALL, seed=5)
+    path = write_npz(tmp_path / "g.npz", g)
+    lines = []
+    load_npz_cached(path, tmp_path / "cache", lines)
+    folder = next((tmp_path / "cache").iterdir())
+    step = -(-g.num_edges // 16)
+    bad = np.array([g.num_nodes], g.row.numpy().dtype)
+    with open(folder / "row.bin", "r+b") as f:  # an id the sample reads: edge 3 * step
+        f.seek(3 * step * bad.itemsize)
+        f.write(bad.tobytes())
+    back = load_npz_cached(path, tmp_path / "cache", lines)
+    assert "rebuilt" in lines[-1] and "source ids" in lines[-1]
+    assert torch.equal(back.row, g.row)

@@ -147,3 +147,36 @@ def test_ranks_that_agree_train_their_shards():
     data = Data(x=torch.randn(16, 2), edge_index=torch.randint(0, 16, (2, 16)))
     spawn(_spawn_ranks.build_disagreeing_loader, args=(data, "NeighborLoader", "nothing"),
           devices="cpu", nprocs=2, timeout_s=60)
+
+
+def test_keys_name_torchruns_attempt_only_where_every_rank_counts_it_alike(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")  # one machine: one count for every rank
+    assert RankAgreement("NeighborLoader", a_store(), 1, 0).key.split("/")[-2] == "2"
+    # Each machine counts its own restarts: the ranks of a restarted machine would look for
+    # keys the others never post. Over machines torchrun gives every attempt a fresh store.
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    store = a_store()
+    RankAgreement("NeighborLoader", store, 0, 0).check_built(SETTINGS)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    RankAgreement("NeighborLoader", store, 1, 0).check_built(SETTINGS)
+
+
+def test_the_message_names_which_loader_and_the_out_of_step_cause():
+    zero, one = pair()
+    zero.check_built(SETTINGS)
+    with pytest.raises(ValueError, match="distributed loader 1 that each rank built; if one "
+                                         "rank built a distributed loader the others did not"):
+        one.check_built(dict(SETTINGS, shuffle=False))
+
+
+def test_the_digest_of_many_seeds_reads_a_sample_and_their_sum(monkeypatch):
+    monkeypatch.setattr(rank_agreement, "_DIGEST_SAMPLE", 4)
+    seeds = torch.arange(100)
+    assert inputs_digest(seeds) != inputs_digest(seeds.flip(0))
+    moved = seeds.clone()
+    moved[1] = 1000  # not in the sample of 4 (every 25th): the sum tells
+    assert inputs_digest(seeds) != inputs_digest(moved)
+    swapped = seeds.clone()
+    swapped[[1, 2]] = swapped[[2, 1]]  # neither sampled nor summed differently: alike
+    assert inputs_digest(seeds) == inputs_digest(swapped)

@@ -152,6 +152,14 @@ def test_float64_weights_must_be_finite_and_not_negative(bad):
         NeighborSampler(data, [1], weight_attr="weight")
 
 
+def test_float64_weights_whose_sum_overflows_are_refused_for_draws_with_replacement():
+    data, _ = weighted_star(2)
+    data.weight = torch.full_like(data.weight, 1e308, dtype=torch.float64)
+    NeighborSampler(data, [1], weight_attr="weight")  # keys need no sum
+    with pytest.raises(ValueError, match="sum past the largest float64"):
+        NeighborSampler(data, [1], weight_attr="weight", replace=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_weighted_draws_come_in_draw_order_on_cuda(dtype):

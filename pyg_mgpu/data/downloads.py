@@ -114,7 +114,14 @@ def _drop_stale_processed(label: str, folder: Path) -> None:
     if max(_mtime(path) for path in sources) > min(_mtime(path) for path in outputs):
         print(f"{label}: files under {folder} changed after {processed} was made from them; "
               "processing them again", file=sys.stderr)
-        shutil.rmtree(processed)
+        if processed.is_symlink():  # the folder lies elsewhere: empty it, keep the link
+            for entry in processed.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        else:
+            shutil.rmtree(processed)
 
 
 def _files_under(folder: Path) -> list[Path]:

@@ -30,10 +30,31 @@ from torch import Tensor
 _checked_loaders = 0
 
 
+# Seeds the digest hashes, evenly spaced: enough to tell another split or order apart without
+# copying a billion seed edges on every rank.
+_DIGEST_SAMPLE = 1 << 20
+
+
 def inputs_digest(inputs: Tensor) -> str:
-    """A digest of the seeds' values and order (as int64, wherever they lie)."""
-    values = inputs.detach().to("cpu", torch.int64).contiguous()
-    return hashlib.blake2b(values.numpy().tobytes(), digest_size=16).hexdigest()
+    """A digest of the seeds' values and order, whatever their integer type and device: their
+    count, their sum, and up to ``_DIGEST_SAMPLE`` of them, evenly spaced, in order."""
+    flat = inputs.detach().reshape(-1)
+    step = max(1, -(-flat.numel() // _DIGEST_SAMPLE))
+    sample = flat[::step].to("cpu", torch.int64).contiguous()
+    total = int(flat.sum(dtype=torch.int64)) if flat.numel() else 0
+    digest = hashlib.blake2b(sample.numpy(), digest_size=16)
+    digest.update(f"{flat.numel()}:{total}".encode())
+    return digest.hexdigest()
+
+
+def _attempt() -> str:
+    """torchrun's attempt, where every rank counts it alike: on one machine. A machine counts
+    its own restarts, so over several the count can differ; there torchrun must give every
+    attempt a fresh store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, docs/multinode.md), and
+    the keys need no attempt."""
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return "0"
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
 
 class RankAgreement:
@@ -47,8 +68,8 @@ class RankAgreement:
         their loaders in the same order."""
         self.what, self.store, self.rank = what, store, rank
         # A restarted torchrun attempt may find the keys of the last one in its store.
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self.key = f"pyg_mgpu/loader_agreement/{attempt}/{number}"
+        self.key = f"pyg_mgpu/loader_agreement/{_attempt()}/{number}"
+        self.number = number
         self.epochs_set = 0
 
     @classmethod
@@ -117,4 +138,7 @@ class RankAgreement:
                 "draws itself, so every rank must pass the same seed, inputs (the same values "
                 "in the same order), batch_size and shuffle, and call set_epoch with the same "
                 "epoch; otherwise inputs are lost and repeated. (The ranks' neighbour draws "
-                "differ already: each rank's sampler is seeded from seed and its rank.)")
+                "differ already: each rank's sampler is seeded from seed and its rank.) This "
+                f"is distributed loader {self.number + 1} that each rank built; if one rank "
+                "built a distributed loader the others did not, their loaders are compared "
+                "out of step: build distributed loaders on every rank, in the same order.")

@@ -43,7 +43,11 @@ def edge_weights(weight: Tensor, colptr: Tensor, replace: bool) -> EdgeWeights:
     device need is built."""
     if replace:
         longest = int(colptr.diff().max()) if colptr.numel() > 1 else 0
-        return EdgeWeights(None, run_cumsum(weight, colptr), None, longest.bit_length())
+        cumsum = run_cumsum(weight, colptr)
+        if not bool(torch.isfinite(cumsum).all()):
+            raise ValueError("a node's sampling weights sum past the largest float64 (each "
+                             "weight is finite, their sum is not); scale the weights down.")
+        return EdgeWeights(None, cumsum, None, longest.bit_length())
     # Rejection draws are not yet measured on a GPU, where keys are cheap.
     bound = rejection_bounds(weight, colptr) if weight.device.type == "cpu" else None
     return EdgeWeights(weights_for_row_views(weight, colptr), None, bound)
