@@ -4,31 +4,16 @@ leaves no empty folders behind."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pyg_mgpu.data import DatasetError, downloads, load_graph
-from pyg_mgpu.data.cache import CACHE_ENV
 
-from test_datasets import make_read_only, make_writable, write_ogbn_arxiv, write_reddit
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "cache"
-    monkeypatch.setenv(CACHE_ENV, str(path))
-    return path
-
-
-@pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_network(*args, **kwargs):
-        raise socket.gaierror(socket.EAI_NONAME, "network disabled by the test")
-
-    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+# The data tests' fixtures too: mirrors go to a temporary cache (autouse), and downloads fail.
+from test_datasets import (cache, make_read_only, make_writable, offline,  # noqa: F401
+                           write_ogbn_arxiv, write_reddit)
 
 
 def relabel(root: Path, labels: np.ndarray, *folders: Path) -> None:

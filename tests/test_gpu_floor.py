@@ -77,8 +77,8 @@ def test_the_report_loads_no_torch(tmp_path):
 
 
 def test_the_script_leaves_the_markdown_and_one_archive_in_out(tmp_path):
-    """A device call returns only a few files from OUT: the script keeps its steps' files in
-    its work folder and OUT holds gpu_floor.md, kernels.md once there is one, and
+    """A remote GPU runner may return only a few files from OUT: the script keeps its steps'
+    files in its work folder and OUT holds gpu_floor.md, kernels.md once there is one, and
     gpu-floor.tgz with the rest. With no budget every step is skipped, and recorded so."""
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "OUT": str(out), "GPU_FLOOR_WORK": str(work), "PYTHON": sys.executable,
