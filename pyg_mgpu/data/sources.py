@@ -157,6 +157,8 @@ def load_npz(path: Path) -> ConvertedGraph:
         missing = [k for k in NPZ_KEYS if k not in members]
         if missing:
             raise error(f"missing key(s) {', '.join(missing)}")
+        for member in members.values():  # reads below seek past zipfile's own check
+            member.check_crc()
         small = {k: torch.from_numpy(members[k].read_all()) for k in ("y",) + SPLITS}
         if not np.issubdtype(members["y"].dtype, np.floating):
             small["y"] = as_signed_ids(small["y"], "labels y", str(path))
