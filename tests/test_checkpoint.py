@@ -2,6 +2,7 @@
 import json
 import os
 import stat
+import zipfile
 
 import pytest
 import torch
@@ -127,6 +128,26 @@ def test_a_checkpoint_damaged_inside_its_weights_is_refused_before_the_ranks_sta
     assert main(TINY + ["--resume", str(tmp_path), "--epochs", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "/data/0 fails its checksum" in err, err
+
+
+
+def test_a_checkpoint_saved_with_torchs_crcs_turned_off_is_written_with_them_and_resumes(
+        tmp_path):
+    from pyg_mgpu.train.checkpoint import damaged_entry, save_torch
+    weights = {"w": torch.randn(1000)}
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(weights, tmp_path / "by_torch.pt")  # every CRC 0: not damage
+        save_torch(weights, tmp_path / "by_us.pt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert damaged_entry(tmp_path / "by_torch.pt") is None
+    with zipfile.ZipFile(tmp_path / "by_us.pt") as archive:
+        assert all(info.CRC for info in archive.infolist() if info.file_size)
+    damaged = bytearray((tmp_path / "by_us.pt").read_bytes())
+    damaged[len(damaged) // 2] ^= 1  # inside the weights
+    (tmp_path / "by_us.pt").write_bytes(damaged)
+    assert damaged_entry(tmp_path / "by_us.pt").endswith("/data/0")
 
 
 def test_resume_with_other_amp_names_it_before_loading_the_data(tmp_path, capsys):
