@@ -59,3 +59,18 @@ def test_nodes_given_other_settings_stop_at_once_naming_the_flag(tmp_path):
     assert "error: --epochs is 3 on this node and 2 on rank 0's" in logs[1], logs[1][-3000:]
     assert "its error line names the flag" in logs[0], logs[0][-3000:]
     assert not (tmp_path / "n0" / "metrics.json").exists()
+
+
+def test_settings_that_mean_the_same_are_the_same_command():
+    from pyg_mgpu.train.config import TrainConfig
+    from pyg_mgpu.train.multinode import shared_settings
+    node0 = TrainConfig.from_flags(dataset="/data/a/g.npz", sampler="auto", epochs=2)
+    assert shared_settings(node0) == shared_settings(
+        TrainConfig.from_flags(dataset="/mnt/b/g.npz", sampler="native", epochs=2,
+                               out="elsewhere", num_workers=2))
+    for change in ({"epochs": 3}, {"dataset": "synthetic"}, {"fanout": "15,10"}):
+        other = shared_settings(TrainConfig.from_flags(
+            **{"dataset": "/data/a/g.npz", "epochs": 2, **change}))
+        assert [name for name in other if other[name] != shared_settings(node0)[name]] == \
+            [next(iter(change))], change
+

@@ -76,18 +76,29 @@ NODE_LOCAL_SETTINGS = ("root", "cache_dir", "no_cache", "features_on", "devices"
                        "grace_s", "checkpoint_every_s", "recipe_sources")
 
 
+def shared_settings(cfg: TrainConfig) -> dict:
+    """The settings every node's command must give alike (all but :data:`NODE_LOCAL_SETTINGS`),
+    each as the training reads it: ``--sampler auto`` is ``native``, and any ``.npz`` path
+    names the same dataset (each node may keep its copy elsewhere)."""
+    shared = {name: value for name, value in cfg.flat().items()
+              if name not in NODE_LOCAL_SETTINGS}
+    if shared["dataset"].endswith(".npz"):
+        shared["dataset"] = "a .npz file"
+    if shared["sampler"] == "auto":
+        shared["sampler"] = "native"
+    return shared
+
+
 def check_same_command(cfg: TrainConfig, ctx: RankContext) -> None:
-    """Every node was given the settings rank 0 was (but :data:`NODE_LOCAL_SETTINGS`, and a
-    dataset named by a path, which each node may keep elsewhere). Nodes started with, say,
-    other ``--epochs`` would otherwise fail in a collective much later, or wait there until
-    the timeout. Every rank learns whether any differs, so all of them stop here."""
-    mine = cfg.flat()
+    """Every node was given the settings rank 0 was (:func:`shared_settings`). Nodes started
+    with, say, other ``--epochs`` would otherwise fail in a collective much later, or wait
+    there until the timeout. Every rank learns whether any differs, so all of them stop
+    here."""
+    mine = shared_settings(cfg)
     main = [mine if ctx.is_main else None]
     dist.broadcast_object_list(main, src=0)
     main = main[0]
-    local = NODE_LOCAL_SETTINGS + (("dataset",) if cfg.data.dataset.endswith(".npz") else ())
-    differs = next((name for name in mine if name not in local and mine[name] != main[name]),
-                   None)
+    differs = next((name for name in mine if mine[name] != main[name]), None)
     _, most = fewest_and_most(int(differs is not None), ctx)
     if differs is not None:
         raise ValueError(f"{flag_of(differs)} is {mine[differs]!r} on this node and "
