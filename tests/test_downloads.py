@@ -81,3 +81,44 @@ def test_a_stale_processed_link_is_emptied_not_removed(tmp_path):
     (folder / "raw" / "a.npz").write_text("new")
     downloads._drop_stale_processed("demo", folder)
     assert (folder / "processed").is_symlink() and list(elsewhere.iterdir()) == []
+
+
+def test_processes_sharing_a_data_folder_take_turns(tmp_path, capsys):
+    # Another process (a second machine of a torchrun job, on a shared filesystem) holds the
+    # folder's lock: this one must not read or rewrite processed/ until it lets go.
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    root = tmp_path / "reddit"
+    write_reddit(root)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | "
+         "os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
+         "sys.stdin.readline(); os.unlink(sys.argv[1])", str(root / ".pyg_mgpu-reddit.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        built = []
+
+        def read() -> None:
+            downloads.run_library("reddit", root, root, [], "nowhere",
+                                  lambda library_root: built.append(library_root))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        while "waiting for another process" not in capsys.readouterr().err:
+            assert reader.is_alive() and holder.poll() is None
+            time.sleep(0.01)
+        assert built == []  # the lock is still held
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        reader.join(timeout=60)
+        assert built == [root] and not reader.is_alive()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (root / ".pyg_mgpu-reddit.lock").exists()
+    assert load_graph("reddit", root).y.tolist() == (np.arange(12) % 3).tolist()
+    assert not (root / ".pyg_mgpu-reddit.lock").exists(), "the lock file is left behind"

@@ -7,12 +7,15 @@ which files were expected where and which flag points at them.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import pickle
+import re
 import shutil
 import sys
+import time
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -76,9 +79,10 @@ def run_library(label: str, root: Path, folder: Path, expected: list[Path], url:
     kept = _folders_under(folder) if missing and created is None else set()
     try:
         library_root = root if writable else _mirror(root, folder)
-        _drop_stale_processed(label,
-                              library_root / folder.absolute().relative_to(root.absolute()))
-        return build(library_root)
+        with _one_at_a_time(label, library_root):
+            _drop_stale_processed(label,
+                                  library_root / folder.absolute().relative_to(root.absolute()))
+            return build(library_root)
     except _READ_ERRORS as err:
         if missing:
             # The library makes its folders before downloading; left empty, they would pass
@@ -95,6 +99,56 @@ def run_library(label: str, root: Path, folder: Path, expected: list[Path], url:
         raise DatasetError(f"{label}: could not read the files in {folder.absolute()} "
                            f"({type(err).__name__}: {err}); they may be truncated or "
                            "corrupt: fetch them again.") from err
+
+
+@contextmanager
+def _one_at_a_time(label: str, library_root: Path, poll_s: float = 0.2) -> Iterator[None]:
+    """Holds ``label``'s lock in ``library_root`` while its library reads, downloads or
+    processes it, so that processes sharing the folder (the machines of a torchrun job on a
+    shared filesystem, two jobs on one machine) take turns: one writes ``processed/`` while
+    the others wait, then read it. Without it, one could read a file another was rewriting,
+    or remove a ``processed/`` another was writing.
+
+    The lock is an ``flock`` on a file that the holder removes before it lets go, so that it
+    leaves nothing in the folder; a waiter that then holds the lock of a removed file tries
+    again. Where the file cannot be made or the filesystem has no locks, the read goes on
+    without one. The wait polls, so a stop signal ends it.
+    """
+    path = library_root / f".pyg_mgpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.lock"
+    waiting = False
+    while True:
+        try:
+            library_root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:  # a folder we may not write in: nothing to take turns over
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if not waiting:
+                print(f"{label}: waiting for another process that is reading or preparing it "
+                      f"in {library_root} (it holds {path})", file=sys.stderr, flush=True)
+                waiting = True
+            time.sleep(poll_s)
+            continue
+        except OSError:  # no locks on this filesystem
+            os.close(fd)
+            yield
+            return
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder before removed this file: lock the one there now
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
 
 
 def _drop_stale_processed(label: str, folder: Path) -> None:
@@ -185,5 +239,6 @@ def _mirror(root: Path, folder: Path) -> Path:
     for entry in folder.iterdir():
         link = mirror / entry.name
         if entry.name != "processed" and not link.is_symlink():
-            link.symlink_to(entry.resolve())
+            with contextlib.suppress(FileExistsError):  # another machine sharing the cache
+                link.symlink_to(entry.resolve())
     return cache_root
