@@ -133,3 +133,15 @@ def build_disagreeing_loader(ctx, data, loader_name, differ):
     for _ in loader:
         pass
     torch.distributed.barrier()
+
+
+def rank0_works_alone_past_the_timeout(ctx, result):
+    """Rank 0 works alone for 3 s in a job whose collectives time out after 1 s; then every
+    rank takes part in one more collective."""
+    import time
+
+    from pyg_mgpu.distributed.process_group import on_rank0_alone
+    answer = on_rank0_alone(ctx, lambda: time.sleep(3) or 42)
+    total = torch.ones(1)
+    torch.distributed.all_reduce(total)
+    result[ctx.rank] = torch.tensor([-1 if answer is None else answer, int(total)])

@@ -54,6 +54,17 @@ def test_a_failed_rank_ends_the_job_with_its_traceback():
     assert time.monotonic() - start < 60
 
 
+
+@pytest.mark.slow
+def test_ranks_wait_for_rank0s_own_work_past_the_collective_timeout():
+    # PyG's whole-graph inference runs on rank 0 alone after training: a peer waiting in a
+    # collective timed out and failed the finished run.
+    result = torch.zeros(2, 2, dtype=torch.long).share_memory_()
+    spawn(_spawn_ranks.rank0_works_alone_past_the_timeout, args=(result,), devices="cpu",
+          nprocs=2, timeout_s=1)
+    assert result.tolist() == [[42, 2], [-1, 2]]
+
+
 def test_ranks_that_end_at_the_same_moment_still_fail_the_job(tmp_path):
     # The watcher may first look when every rank has already ended: their exit codes count.
     outcome = watch.watch_ranks(_ended([3, 3]), watch.LauncherSignals(grace_s=2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Iterator
+from typing import Callable, Iterator, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -15,6 +15,13 @@ from pyg_mgpu.distributed.context import RankContext
 from pyg_mgpu.distributed.devices import resolve_backend, torchrun_device
 from pyg_mgpu.distributed.host import set_thread_budget, tune_cpu_allocator
 from pyg_mgpu.distributed.timeouts import DEFAULT_TIMEOUT_S, RENDEZVOUS_TIMEOUT_S
+
+T = TypeVar("T")
+
+# How long the other ranks wait for work rank 0 does alone: exact inference over a large graph
+# on CPU takes hours. A rank 0 that fails ends the wait at once (its connections close), and a
+# stop signal reaches every rank through the launcher.
+ALONE_TIMEOUT = datetime.timedelta(days=1)
 
 
 @contextlib.contextmanager
@@ -89,3 +96,22 @@ def torchrun_process_group(devices: "str | torch.device" = "auto", *, timeout_s:
                        init_method="env://", timeout_s=timeout_s, local_rank=local_rank,
                        backend=backend) as ctx:
         yield ctx
+
+
+def on_rank0_alone(ctx: RankContext, work: Callable[[], T]) -> Optional[T]:
+    """``work()`` on rank 0 while the other ranks wait for it as long as it takes; its result
+    there, None on the others.
+
+    A collective waits at most the group's timeout (``--timeout``), which the steps' exchanges
+    need short, so a rank left waiting in one while rank 0 worked alone for longer (PyG's own
+    whole-graph inference of a large graph) ended a finished run. The others wait instead in a
+    barrier of a gloo group of the ranks' own, whose timeout is :data:`ALONE_TIMEOUT`.
+    """
+    group = dist.new_group(backend="gloo", timeout=ALONE_TIMEOUT)
+    try:
+        result = work() if ctx.is_main else None
+        dist.barrier(group=group)
+        return result
+    finally:
+        dist.destroy_process_group(group)
+

@@ -210,8 +210,9 @@ class EvaluationSettings:
     eval_every: int = setting(1, "validate every N epochs (and after the last)")
     eval_batch_size: Optional[int] = setting(None, "defaults to --batch-size", type=int)
     inference: str = setting("sampled", "layerwise: also evaluate the best model exactly (all "
-                             "neighbours, layer by layer over all nodes, sharded across ranks)",
-                             choices=INFERENCE_MODES)
+                             "neighbours, layer by layer over all nodes: sharded across ranks "
+                             "for sage, on rank 0 for PyG's models, the others waiting as long "
+                             "as it takes)", choices=INFERENCE_MODES)
 
     def __post_init__(self) -> None:
         check_positive(eval_every=self.eval_every, eval_batch_size=self.eval_batch_size)

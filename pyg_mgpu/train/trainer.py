@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.distributed.context import RankContext
+from pyg_mgpu.distributed.process_group import on_rank0_alone
 from pyg_mgpu.distributed.stop import StopAgreement, StopSignal, graceful, signal_name
 from pyg_mgpu.inference.layerwise import layerwise_inference
 from pyg_mgpu.sampling.feature_cache import FeatureCache
@@ -244,11 +245,11 @@ def evaluate_best(cfg: TrainConfig, ctx: RankContext, model: torch.nn.Module, da
     if cfg.model.model == "sage":  # the fast path's own inference, sharded over the ranks
         logits = layerwise_logits(model, graph, rank=ctx.rank, world_size=ctx.world_size,
                                   batch_size=batch_size, device=ctx.device)
-    elif ctx.is_main:  # PyG's models: their own BasicGNN.inference, on rank 0
-        logits = layerwise_inference(model, graph.to_data(), batch_size=batch_size,
-                                     device=ctx.device)
-    else:
-        return results  # only rank 0 reports
+    else:  # PyG's models: their own BasicGNN.inference, on rank 0 while the others wait
+        logits = on_rank0_alone(ctx, lambda: layerwise_inference(
+            model, graph.to_data(), batch_size=batch_size, device=ctx.device))
+        if not ctx.is_main:
+            return results  # only rank 0 reports
     results.update(val_acc_exact=exact_accuracy(logits, graph, graph.val_idx),
                    test_acc_exact=exact_accuracy(logits, graph, graph.test_idx),
                    exact_inference_time_s=time.perf_counter() - start)
