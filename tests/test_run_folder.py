@@ -170,6 +170,21 @@ def test_overwrite_deletes_the_previous_checkpoint_when_the_run_starts_afresh(tm
         assert (tmp_path / CHECKPOINT).exists()  # continued, not replaced
 
 
+def test_overwrite_deletes_every_output_of_the_previous_run(tmp_path):
+    # A new run stopped before it writes its own best.pt and metrics.json would otherwise
+    # leave the earlier run's beside its checkpoint, and its TensorBoard events under its own.
+    hand_made_checkpoint(tmp_path)
+    earlier = ["best.pt", "metrics.json", "history.csv", "curves.png", "epoch_time.png",
+               "memory.json", "tensorboard/events.out.tfevents.1", "predictions/logits.npy"]
+    for name in earlier:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("the earlier run's")
+    (tmp_path / "notes.txt").write_text("the user's")
+    with claim_run_folder(tmp_path, resume=None, overwrite=True):
+        start_afresh(tmp_path, resume=None, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "notes.txt"]
+
+
 def test_a_folder_named_like_the_checkpoint_is_named_as_one_whatever_the_flags(tmp_path,
                                                                                capsys):
     (tmp_path / "run" / CHECKPOINT).mkdir(parents=True)

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import socket
 import sys
 import time
@@ -103,12 +104,30 @@ def claim_run_folder(out: Path, *, resume: Optional[str], overwrite: bool,
         os.close(fd)  # releases the lock
 
 
+# What a run, and the commands about it, write in its folder (docs/outputs.md): the earlier
+# run's, which ``--overwrite`` removes. The checkpoint goes first.
+PREVIOUS_RUN_FILES = (CHECKPOINT, "best.pt", "metrics.json", "history.csv", "curves.png",
+                      "epoch_time.png", "memory.json")
+PREVIOUS_RUN_FOLDERS = ("tensorboard", "predictions")
+
+
 def start_afresh(out: Path, *, resume: Optional[str], overwrite: bool) -> None:
-    """With ``overwrite``, deletes the previous run's checkpoint in ``out`` (a run that does not
-    continue it): called once the run's data is loaded and its ranks are about to train, so
-    that a later ``--resume`` never takes the earlier run's checkpoint for this run's own."""
-    if overwrite and not _continues(out, resume):
-        (out / CHECKPOINT).unlink(missing_ok=True)
+    """With ``overwrite``, deletes the previous run's outputs in ``out`` (for a run that does
+    not continue it): called once the run's data is loaded and its ranks are about to train.
+    So a later ``--resume`` never takes the earlier run's checkpoint for this run's own, and a
+    run stopped before it wrote its own ``best.pt`` or ``metrics.json`` leaves none of the
+    earlier run's beside its checkpoint (``pyg_mgpu.predict`` would pair them), nor its
+    TensorBoard events under the new run's."""
+    if not overwrite or _continues(out, resume):
+        return
+    for name in PREVIOUS_RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in PREVIOUS_RUN_FOLDERS:
+        folder = out / name
+        if folder.is_symlink():
+            folder.unlink()
+        elif folder.is_dir():
+            shutil.rmtree(folder)
 
 
 def _lock(fd: int, kind: int, out: Path, warn, wait_s: float = 0.0) -> bool:
