@@ -80,6 +80,26 @@ def test_a_rank_waiting_for_a_post_rank_0_never_makes_gives_up_at_the_stores_tim
         one.check_built(SETTINGS)
 
 
+
+class GoneStore:
+    """A store whose host has ended (torchrun's agent, killed)."""
+    timeout = datetime.timedelta(seconds=10)
+
+    def _gone(self, *args):
+        raise dist.DistNetworkError("Failed to recv, got 0 bytes")
+
+    set = check = get = _gone
+
+
+def test_a_store_gone_with_its_host_leaves_the_stop_to_the_ranks_next_step():
+    # The rank's stop watchdog ends it at its next step with a checkpoint; a store error
+    # raised from set_epoch ended it first, without one.
+    for rank in (0, 1):
+        agreement = RankAgreement("NeighborLoader", GoneStore(), rank, 0)
+        agreement.check_built(SETTINGS)
+        agreement.check_epoch(1, 0)
+
+
 def test_loaders_numbered_alike_on_every_rank_use_their_own_keys():
     store = a_store()
     RankAgreement("NeighborLoader", store, 0, 0).check_built(SETTINGS)

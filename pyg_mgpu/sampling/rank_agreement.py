@@ -121,10 +121,16 @@ class RankAgreement:
         key = f"{self.key}/{name}"
         if self.store is None:
             return
-        if self.rank == 0:
-            self.store.set(key, json.dumps(settings))
+        try:
+            if self.rank == 0:
+                self.store.set(key, json.dumps(settings))
+                return
+            theirs = json.loads(self._wait_for(key))
+        except dist.DistNetworkError:
+            # The store's host is gone (torchrun's agent was killed): the job is ending, and
+            # the stop reaches this rank at its next step, which checkpoints. Raising here
+            # would end it without that checkpoint; the check itself is moot.
             return
-        theirs = json.loads(self._wait_for(key))
         differences = [f"{name}={value!r} where rank 0 has {theirs.get(name)!r}"
                        for name, value in settings.items()
                        if name != "inputs" and theirs.get(name) != value]
