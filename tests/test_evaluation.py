@@ -138,3 +138,26 @@ def test_epoch_totals_count_exactly_across_a_checkpoint():
     predicted = torch.bincount(torch.cat([logits.argmax(-1) for logits, _ in batches]),
                                minlength=4).tolist()
     assert whole.state()[1:] == (correct, 21, predicted)
+
+
+@pytest.mark.slow
+def test_sharded_evaluation_of_a_batchnorm_model_scores_rank0s_best_model(tmp_path):
+    # After the last step each rank holds BatchNorm statistics of its own last batch (DDP
+    # copies rank 0's only as a step begins): sharded evaluation must score rank 0's model,
+    # the one best.pt holds and --eval-on rank0 scores.
+    import json
+
+    from pyg_mgpu.distributed_sampling import main
+    common = ["--num-nodes", "300", "--num-edges", "1500", "--num-features", "8",
+              "--batch-size", "16", "--fanout=-1,-1", "--model", "gin", "--norm", "batch",
+              "--epochs", "2", "--devices", "cpu", "--nprocs", "2"]
+    runs = {}
+    for mode in ("rank0", "all"):
+        assert main(common + ["--eval-on", mode, "--out", str(tmp_path / mode)]) == 0
+        runs[mode] = json.loads((tmp_path / mode / "metrics.json").read_text())
+    assert [e["train_loss"] for e in runs["rank0"]["epochs"]] == \
+        [e["train_loss"] for e in runs["all"]["epochs"]]
+    for key in ("best_val_acc", "test_acc"):
+        assert runs["rank0"][key] == runs["all"][key], key
+    assert [e["val_acc"] for e in runs["rank0"]["epochs"]] == \
+        [e["val_acc"] for e in runs["all"]["epochs"]]

@@ -44,6 +44,8 @@ class Evaluator:
 
     def accuracy(self, model: torch.nn.Module, nodes: torch.Tensor) -> float:
         result = torch.zeros(1, dtype=torch.float64)
+        if self.sharded:
+            self._buffers_from_rank0(model)
         if self.sharded or self.ctx.is_main:
             loader = self._loader(nodes)
             result[0] = accuracy(model, loader, device=self.ctx.device,
@@ -56,3 +58,16 @@ class Evaluator:
             result = result.to(self.ctx.collective_device)
             dist.broadcast(result, src=0)
         return float(result[0])
+
+    def _buffers_from_rank0(self, model: torch.nn.Module) -> None:
+        """Gives every rank rank 0's buffers (BatchNorm's running statistics) before a sharded
+        evaluation. DDP copies them from rank 0 only as a training step begins, so after the
+        last step each rank holds the statistics of its own last batch: the ranks would score
+        their shards with different models, none of them ``best.pt`` (rank 0's), which
+        ``--eval-on rank0`` scores. Training is unchanged: every model with buffers trains
+        under DDP, whose next step copies rank 0's buffers anyway."""
+        for buffer in model.buffers():
+            shared = buffer.data.to(self.ctx.collective_device)
+            dist.broadcast(shared, src=0)
+            if shared.data_ptr() != buffer.data_ptr():
+                buffer.data.copy_(shared)
