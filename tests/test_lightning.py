@@ -127,8 +127,9 @@ def test_evaluation_visits_every_seed_once_in_neighbor_loader_batches(split):
     seen = []
     for rank, loader in enumerate(loaders_of(lambda: node_module(data), 2, split)):
         start, end = shard_bounds(nodes.numel(), 2, rank)
+        # each rank's sampler seeded for its rank, as in training
         expected = pyg_mgpu.NeighborLoader(data, [3, 2], input_nodes=nodes[start:end],
-                                           batch_size=8, seed=eval_loader_seed(5))
+                                           batch_size=8, seed=eval_loader_seed(5), rank=rank)
         for ours, theirs in zip(loader, expected, strict=True):
             assert torch.equal(ours.n_id, theirs.n_id)
             assert torch.equal(ours.edge_index, theirs.edge_index)
@@ -147,6 +148,97 @@ def test_eval_loader_kwargs_reach_the_evaluation_loaders_only():
     batch = next(iter(val))
     assert batch.num_sampled_edges[0] == int(data.val_mask[data.edge_index[1]].sum())
     assert datamodule.train_dataloader().epoch_sampler.batch_size == 8
+
+
+def test_sample_batches_reaches_the_training_loader_only():
+    """pyg_mgpu's sample_batches= groups training epochs' batches into walks; the evaluation
+    loaders, which are no distributed epochs, sample one batch at a time."""
+    data = node_graph()
+    datamodule = node_module(data, sample_batches=4)
+    assert datamodule.train_dataloader().sample_batches == 4
+    for split, mask in (("val", data.val_mask), ("test", data.test_mask),
+                        ("predict", torch.ones(data.num_nodes, dtype=torch.bool))):
+        loader = getattr(datamodule, f"{split}_dataloader")()
+        assert loader.sample_batches == 1
+        assert sorted(s for b in loader for s in node_seeds(b)) == \
+            mask.nonzero().view(-1).tolist()
+
+
+def test_evaluation_refuses_drop_last():
+    """Dropping the last batch would leave seeds unevaluated, so metrics summed over the ranks
+    would not be the split's: refused by name (drop_last=False is taken)."""
+    with pytest.raises(ValueError, match="drop drop_last=True"):
+        node_module(eval_loader_kwargs=dict(drop_last=True)).val_dataloader()
+    loader = node_module(eval_loader_kwargs=dict(drop_last=False)).val_dataloader()
+    assert [batch.batch_size for batch in loader] == [8, 8, 5]
+
+
+def test_a_split_with_fewer_seeds_than_ranks_is_refused_on_every_rank():
+    """A rank without evaluation seeds would have no batches, which Lightning cannot run under
+    DDP: every rank refuses the split when it makes the loader, naming it."""
+    data = node_graph()
+    data.test_mask[:] = False
+    data.test_mask[0] = True
+    for rank in range(2):
+        datamodule = node_module(data)
+        datamodule.trainer = fake_trainer(rank, 2)
+        with pytest.raises(ValueError, match=r"test split holds 1 seed\(s\), fewer than the 2 "
+                                             r"ranks.*at most 1 device"):
+            datamodule.test_dataloader()
+    assert [node_seeds(b) for b in node_module(data).test_dataloader()] == [[0]]  # one rank
+
+
+def test_a_custom_sampler_samples_input_times_as_pygs_class_does():
+    """PyG's data modules hand a custom sampler the input times (its own time_attr samples
+    them): the same arguments give the same temporal batches here."""
+    from torch_geometric.data.lightning import LightningLinkData, LightningNodeData
+    data = node_graph()
+    data.time = torch.arange(data.num_nodes)
+    data.edge_time = torch.randint(200, (data.num_edges,),
+                                   generator=torch.Generator().manual_seed(0))
+    val = data.val_mask.nonzero().view(-1)
+    times = torch.full((val.numel(),), 150)
+    batches = {}
+    for side, cls in (("pyg", LightningNodeData), ("ours", pyg_mgpu.LightningNodeData)):
+        sampler = pyg_mgpu.NeighborSampler(data, [3, 2], time_attr="time", seed=1)
+        datamodule = cls(data, input_train_nodes=data.train_mask,
+                         input_train_time=torch.full((61,), 150), input_val_nodes=val,
+                         input_val_time=times, node_sampler=sampler, batch_size=8,
+                         pin_memory=False)
+        next(iter(datamodule.train_dataloader()))
+        sampler.generator.manual_seed(1)  # the validation batches from the same draws
+        batches[side] = list(datamodule.val_dataloader())
+    for ours, theirs in zip(batches["ours"], batches["pyg"], strict=True):
+        assert torch.equal(ours.n_id, theirs.n_id) and torch.equal(ours.time, theirs.time)
+    edges = data.edge_index[:, :40]
+    for cls in (LightningLinkData, pyg_mgpu.LightningLinkData):
+        sampler = pyg_mgpu.NeighborSampler(data, [3, 2], time_attr="edge_time", seed=1)
+        datamodule = cls(data, input_train_edges=edges, input_train_time=torch.full((40,), 150),
+                         link_sampler=sampler, batch_size=8, pin_memory=False)
+        batch = next(iter(datamodule.train_dataloader()))
+        assert batch.edge_label_index.size(1) == 8 and (batch.edge_label_time == 150).all()
+
+
+def test_without_prediction_inputs_and_no_default_the_module_says_what_to_pass(tmp_path):
+    """A (FeatureStore, GraphStore) pair or a HeteroData gives no default prediction seeds:
+    PyG fails on an assertion, here a ValueError names the argument."""
+    from pyg_mgpu.data.stores import open_stores
+    from pyg_mgpu.data.synthetic import SyntheticSpec
+    graph = open_stores("synthetic", cache_dir=tmp_path,
+                        synthetic=SyntheticSpec(num_nodes=100, num_edges=400, num_features=4))
+    datamodule = pyg_mgpu.LightningNodeData(graph.stores, graph.train_idx, None, graph.val_idx,
+                                            num_neighbors=[2], batch_size=8, pin_memory=False)
+    with pytest.raises(ValueError, match="no pred nodes.*pass input_pred_nodes="):
+        datamodule.predict_dataloader()
+    data = mag_graph()
+    datamodule = pyg_mgpu.LightningNodeData(data, ("paper", data["paper"].train_mask),
+                                            num_neighbors=[2], batch_size=8, pin_memory=False)
+    with pytest.raises(ValueError, match="pass input_pred_nodes=.*pred_mask"):
+        datamodule.predict_dataloader()
+    datamodule = pyg_mgpu.LightningLinkData(data, (("paper", "cites", "paper"), None),
+                                            num_neighbors=[2], batch_size=8, pin_memory=False)
+    with pytest.raises(ValueError, match="no pred edges.*pass input_pred_edges="):
+        datamodule.predict_dataloader()
 
 
 def test_a_hetero_graph_of_ogb_mags_schema_is_sharded():
@@ -194,6 +286,19 @@ def test_link_data_shards_seed_edges_and_samples_negatives_per_rank():
     val = loaders_of(lambda: link_module(data), 2, "val")
     assert sorted(i for loader in val for b in loader for i in b.input_id.tolist()) == \
         list(range(33))
+
+
+def test_link_evaluation_draws_negatives_per_rank():
+    """Evaluation's samplers are seeded per rank too: the ranks' first validation batches,
+    of as many seed edges each, hold other negatives."""
+    data = node_graph()
+    negatives = []
+    for loader in loaders_of(lambda: link_module(data), 2, "val"):
+        batch = next(iter(loader))
+        positives = batch.edge_label == 1
+        assert int(positives.sum()) == 16
+        negatives.append(batch.n_id[batch.edge_label_index[:, ~positives]])
+    assert not torch.equal(negatives[0], negatives[1])
 
 
 def test_pygs_own_class_needs_pyg_lib_or_torch_sparse():
@@ -282,7 +387,7 @@ def check_recorded(out: Path, train: set, val: set, epochs: int) -> None:
         orders.append(seeds)
     assert orders[0] != orders[1]
     for rank in ranks:
-        assert (rank["loader"], rank["sampler"]) == ("NeighborLoader", "TrainShard")
+        assert (rank["loader"], rank["sampler"]) == ("TrainNeighborLoader", "TrainShard")
 
 
 @pytest.mark.slow
@@ -297,7 +402,10 @@ def test_ddp_spawn_trains_on_the_sharded_loaders(tmp_path, monkeypatch):
     assert trainer.callback_metrics["val_seeds"].item() == 21
 
 
-def test_a_resumed_fit_continues_the_epoch_order(tmp_path):
+# A DataLoader worker draws its first batches when the resumed fit starts iterating the loader,
+# before Lightning sets the epoch.
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_resumed_fit_continues_the_epoch_order(tmp_path, num_workers):
     data = node_graph()
     whole = Recorder(str(tmp_path / "whole"))
     (tmp_path / "whole").mkdir()
@@ -306,12 +414,12 @@ def test_a_resumed_fit_continues_the_epoch_order(tmp_path):
     (tmp_path / "first").mkdir()
     trainer = lightning_trainer(max_epochs=1, devices=1, enable_checkpointing=True,
                                 default_root_dir=str(tmp_path))
-    trainer.fit(first, node_module(data))
+    trainer.fit(first, node_module(data, num_workers=num_workers))
     checkpoint = trainer.checkpoint_callback.best_model_path
     resumed = Recorder(str(tmp_path / "resumed"))
     (tmp_path / "resumed").mkdir()
-    lightning_trainer(max_epochs=3, devices=1).fit(resumed, node_module(data),
-                                                   ckpt_path=checkpoint)
+    lightning_trainer(max_epochs=3, devices=1).fit(
+        resumed, node_module(data, num_workers=num_workers), ckpt_path=checkpoint)
     assert sorted(resumed.seen["train"]) == [1, 2]
     for epoch in (1, 2):
         assert resumed.seen["train"][epoch] == whole.seen["train"][epoch]

@@ -9,7 +9,8 @@ the trainer:
 
 - training: ``distributed=True`` epochs, every rank the same number of batches and every seed
   once per epoch over the ranks, reshuffled by the epoch number Lightning passes to
-  ``set_epoch`` (so a run resumed from a checkpoint continues the epoch order);
+  ``set_epoch``; the loader is resumable (:class:`~pyg_mgpu.lightning.shards.ResumableEpochs`),
+  so a run resumed from a checkpoint continues the epoch order, in the middle of an epoch too;
 - validation, test and prediction: each rank its contiguous slice of the split, in order, every
   seed on exactly one rank, so that metrics summed over ranks (torchmetrics, ``self.log(...,
   sync_dist=True)`` of sums) are exact.
@@ -31,7 +32,7 @@ from torch_geometric.loader.utils import get_edge_label_index, get_input_nodes
 from torch_geometric.sampler import BaseSampler
 from torch.utils.data import DataLoader
 
-from pyg_mgpu.lightning.shards import EvalShard, TrainShard
+from pyg_mgpu.lightning.shards import EvalShard, ResumableEpochs
 from pyg_mgpu.sampling.link_neighbor_loader import LinkNeighborLoader
 from pyg_mgpu.sampling.neighbor_loader import NeighborLoader
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
@@ -40,6 +41,22 @@ from pyg_mgpu.seeds import eval_loader_seed
 # What each data module's loader='neighbor' means (PyG's names: 'link_neighbor' is a synonym for
 # links).
 _NEIGHBOR_LOADERS = ("neighbor", "link_neighbor")
+
+# The time_attr handed to a loader over a custom sampler with input times. PyG's loaders refuse
+# input times without a time_attr, which they read only to build a sampler of their own; a
+# custom sampler samples by its own timestamps, as PyG's data modules hand it the times (through
+# NodeLoader and LinkLoader, which do not check). Any name does.
+_CUSTOM_SAMPLER_TIME_ATTR = "time"
+
+
+class TrainNeighborLoader(ResumableEpochs, NeighborLoader):
+    """A :class:`LightningNodeData`'s training loader: a distributed
+    :class:`pyg_mgpu.NeighborLoader` that Lightning checkpoints and resumes mid-epoch."""
+
+
+class TrainLinkNeighborLoader(ResumableEpochs, LinkNeighborLoader):
+    """A :class:`LightningLinkData`'s training loader: a distributed
+    :class:`pyg_mgpu.LinkNeighborLoader` that Lightning checkpoints and resumes mid-epoch."""
 
 
 class PerRankSampler:
@@ -104,6 +121,10 @@ class ShardedLoaders:
             graph_sampler = PerRankSampler()
         pyg_init(data=data, loader=loader, **{self._sampler_argument: graph_sampler},
                  **arguments, **kwargs)
+        if "sample_batches" not in (arguments["eval_loader_kwargs"] or {}):
+            # It groups the batches of training epochs into walks; the evaluation loaders are
+            # no such epochs and sample one batch at a time (PyG's constructor copied it there).
+            self.eval_loader_kwargs.pop("sample_batches", None)
         self.seed = seed
         if ours:
             self.loader = loader  # PyG's constructor calls a given sampler's loader 'custom'
@@ -127,14 +148,33 @@ class ShardedLoaders:
         check_trainer(trainer)
         return trainer.global_rank, trainer.world_size
 
-    def _sharded(self, make, num_inputs, kwargs: dict, *, train: bool,
-                 sampler: Optional[BaseSampler]) -> DataLoader:
+    def _inputs(self, split: str, kind: str):
+        """The split's seeds (``kind``: ``"nodes"`` or ``"edges"``); refuses a split PyG would
+        fail on with an ``AssertionError``: none given, where ``data`` gives no default."""
+        inputs = getattr(self, f"input_{split}_{kind}")
+        if inputs is None and not isinstance(self.data, Data):
+            if isinstance(self.data, HeteroData) and kind == "nodes":
+                why = (f"they are inferred from a HeteroData only where one node type has a "
+                       f"{split}_mask, {split}_idx or {split}_index")
+            else:
+                data = "HeteroData" if isinstance(self.data, HeteroData) else \
+                    "(FeatureStore, GraphStore) pair"
+                why = f"a {data} gives no default {split} {kind}"
+            raise ValueError(f"{type(self).__name__} has no {split} {kind}: pass "
+                             f"input_{split}_{kind}= ({why}).")
+        return inputs
+
+    def _sharded(self, make, split: str, num_inputs, kwargs: dict, *, train: bool,
+                 sampler: Optional[BaseSampler], timed: bool) -> DataLoader:
         """A loader from ``make(seed=..., **options)``: this rank's training epochs, or its
-        slice of an evaluation split of ``num_inputs()`` seeds."""
+        slice of an evaluation split of ``num_inputs()`` seeds; ``timed``: the split has input
+        times."""
         rank, world_size = self._ranks()
         seed = self._loader_seed()
         kwargs = dict(kwargs, neighbor_sampler=sampler)
         kwargs.setdefault("num_neighbors", None)  # a custom sampler has its own
+        if sampler is not None and timed:
+            kwargs.setdefault("time_attr", _CUSTOM_SAMPLER_TIME_ATTR)
         if train:
             for name in ("sampler", "batch_sampler"):
                 if kwargs.get(name) is not None:
@@ -142,13 +182,28 @@ class ShardedLoaders:
                                      f"(each rank's share of every epoch); drop {name}=.")
             loader = make(shuffle=True, distributed=True, rank=rank, world_size=world_size,
                           seed=seed, **kwargs)
-            # The loader's batches come from its batch sampler; this sampler only shows
-            # Lightning that the loader is sharded, and takes its set_epoch calls.
-            object.__setattr__(loader, "sampler", TrainShard(loader.epoch_sampler))
+            # The epoch Lightning is about to run: a resumed fit asks for the loader after it
+            # restored its epoch and starts iterating it before it calls set_epoch, and
+            # DataLoader workers draw their first batches at once.
+            loader.sampler.set_epoch(fitted_epochs(getattr(self, "trainer", None)))
             return loader
-        kwargs.pop("drop_last", None)  # evaluation drops no seed
-        return make(shuffle=False, sampler=EvalShard(num_inputs(), rank, world_size),
-                    seed=eval_loader_seed(seed), **kwargs)
+        if kwargs.pop("drop_last", False):
+            raise ValueError(
+                f"{type(self).__name__} evaluates every {split} seed exactly once over the "
+                "ranks (so that metrics summed over them are exact) and cannot drop the last "
+                "batch: drop drop_last=True (from eval_loader_kwargs, or from the module's "
+                "arguments, which evaluation takes too).")
+        num = num_inputs()
+        if 0 < num < world_size:
+            raise ValueError(
+                f"{type(self).__name__}'s {split} split holds {num} seed(s), fewer than the "
+                f"{world_size} ranks: each rank evaluates its own slice of it, and a rank "
+                "without one has no batches, which Lightning cannot run under DDP. Give the "
+                f"split at least {world_size} seeds, or run on at most {num} device(s).")
+        # Seeded per rank, as training's samplers are: each rank its own neighbours and
+        # negatives.
+        return make(shuffle=False, sampler=EvalShard(num, rank, world_size),
+                    seed=eval_loader_seed(seed), rank=rank, **kwargs)
 
 
 class LightningNodeData(ShardedLoaders, PyGLightningNodeData):
@@ -168,9 +223,13 @@ class LightningNodeData(ShardedLoaders, PyGLightningNodeData):
 
     With ``loader="neighbor"``, training batches are each rank's share of the epoch's
     permutation of the training nodes, cut into equal numbers of near-equal batches of at most
-    ``batch_size``; evaluation batches are ``batch_size`` consecutive nodes of the rank's slice
-    of the split. ``sampler=``, ``batch_sampler=`` and ``drop_last=True`` cannot be honoured
-    for training and are refused when the training loader is made.
+    ``batch_size``, and the training loader keeps its place in the epoch in Lightning's
+    checkpoints (a fit resumed mid-epoch runs the rest of that epoch); evaluation batches are
+    ``batch_size`` consecutive nodes of the rank's slice of the split, seeded per rank. ``sampler=`` and ``batch_sampler=`` cannot be honoured for
+    training, nor ``drop_last=True`` for training or evaluation (which visits every seed of
+    the split, once over the ranks): they are refused when the loader is made, as is an
+    evaluation split with fewer seeds than ranks. ``sample_batches=`` applies to the training
+    loader only.
 
     Example:
         >>> from torch_geometric.data import Data
@@ -200,15 +259,16 @@ class LightningNodeData(ShardedLoaders, PyGLightningNodeData):
             eval_loader_kwargs=eval_loader_kwargs)
 
     def _split_loader(self, split: str, train: bool = False) -> DataLoader:
-        nodes, time = getattr(self, f"input_{split}_nodes"), getattr(self, f"input_{split}_time")
+        nodes, time = self._inputs(split, "nodes"), getattr(self, f"input_{split}_time")
         sampler = self.graph_sampler if train else self.eval_graph_sampler
 
         def make(**options) -> NeighborLoader:
-            return NeighborLoader(self.data, input_nodes=nodes, input_time=time, **options)
+            cls = TrainNeighborLoader if train else NeighborLoader
+            return cls(self.data, input_nodes=nodes, input_time=time, **options)
 
-        return self._sharded(make, lambda: get_input_nodes(self.data, nodes)[1].numel(),
+        return self._sharded(make, split, lambda: get_input_nodes(self.data, nodes)[1].numel(),
                              self.loader_kwargs if train else self.eval_loader_kwargs,
-                             train=train, sampler=sampler)
+                             train=train, sampler=sampler, timed=time is not None)
 
 
 class LightningLinkData(ShardedLoaders, PyGLightningLinkData):
@@ -257,21 +317,23 @@ class LightningLinkData(ShardedLoaders, PyGLightningLinkData):
             eval_loader_kwargs=eval_loader_kwargs)
 
     def _split_loader(self, split: str, train: bool = False) -> DataLoader:
-        edges = getattr(self, f"input_{split}_edges")
+        edges = self._inputs(split, "edges")
         labels = getattr(self, f"input_{split}_labels")
         time = getattr(self, f"input_{split}_time")
         sampler = self.graph_sampler if train else self.eval_graph_sampler
 
         def make(**options) -> LinkNeighborLoader:
-            loader = LinkNeighborLoader(self.data, edge_label_index=edges, edge_label=labels,
-                                        edge_label_time=time, **options)
+            cls = TrainLinkNeighborLoader if train else LinkNeighborLoader
+            loader = cls(self.data, edge_label_index=edges, edge_label=labels,
+                         edge_label_time=time, **options)
             if sampler is None:  # the rank's own sampler: its negatives from its generator
                 loader.link_sampler.negatives_from_generator = True
             return loader
 
-        return self._sharded(make, lambda: get_edge_label_index(self.data, edges)[1].size(1),
+        return self._sharded(make, split,
+                             lambda: get_edge_label_index(self.data, edges)[1].size(1),
                              self.loader_kwargs if train else self.eval_loader_kwargs,
-                             train=train, sampler=sampler)
+                             train=train, sampler=sampler, timed=time is not None)
 
 
 def prepare_graph(data, kwargs: dict) -> None:
@@ -283,6 +345,14 @@ def prepare_graph(data, kwargs: dict) -> None:
         options, _ = split_kwargs(kwargs, NeighborSampler)
         options.pop("share_memory", None)
         NeighborSampler(data, **options, seed=0, int64_edge_permutation=False)
+
+
+def fitted_epochs(trainer) -> int:
+    """The epochs Lightning's fit loop has run (0 outside a fit): the epoch it passes to the
+    training loader's ``set_epoch`` next. ``trainer.current_epoch`` lags it while a fit
+    resumed from an epoch's end asks for its loaders."""
+    fit_loop = getattr(trainer, "fit_loop", None)
+    return 0 if fit_loop is None else fit_loop.epoch_progress.current.processed
 
 
 def check_trainer(trainer) -> None:
