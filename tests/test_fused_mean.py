@@ -30,6 +30,21 @@ def test_the_flag_reaches_the_config_and_cpu_ranks_name_it_ignored():
     assert not TrainConfig.from_flags().performance.fused_aggregation  # off by default
 
 
+@pytest.mark.parametrize("flags, named", [
+    ({"model": "gcn"}, "--model gcn"), ({"model": "gin"}, "--model gin"),
+    ({"recipe": "pyg"}, "--recipe pyg"),
+    ({"dataset": "synthetic-hetero", "model": "rgcn"}, "--model rgcn and --dataset")])
+def test_gpu_ranks_name_the_flag_ignored_where_our_graphsage_does_not_run(flags, named):
+    # The route is off for PyG's models and heterogeneous graphs: on GPU ranks too, the flag
+    # must not pass silently.
+    from pyg_mgpu.train.config import TrainConfig
+    cfg = TrainConfig.from_flags(fused_aggregation=True, **flags)
+    for device_type in ("cuda", "cpu"):
+        (line,) = cfg.ignored_flags(device_type)
+        assert line.startswith("--fused-aggregation runs in pyg_mgpu's own GraphSAGE") and \
+            named in line, line
+
+
 # Both kernels compiled for sm_90 (H100/H200) ahead of time, no GPU needed: the interpreter
 # runs code that the compiler may still reject. Importing triton under the interpreter turns
 # its own library functions into interpreted ones, so this runs in a process of its own.

@@ -84,3 +84,19 @@ def test_a_collapsed_run_is_reported(tmp_path, capfd):
     assert out.count("warning: epoch") == 1 and "--norm batch" in out
     sources = metrics["config"]["recipe_sources"]
     assert sources["lr"] == sources["norm"] == "flag" and sources["dropout"] == "recipe"
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"seed": 2 ** 43}, "--seed must lie between -2**43 and 2**43"),
+    ({"seed": -2 ** 43}, "--seed must lie between -2**43 and 2**43"),
+    ({"timeout_s": 1e13}, "--timeout must be finite positive seconds, at most 1e+09"),
+    ({"split_fractions": "nan,0.1,0.2"}, "--split-fractions takes three positive shares"),
+    ({"split_fractions": "0.5,nan,0.2"}, "--split-fractions takes three positive shares"),
+])
+def test_numbers_that_would_fail_inside_the_ranks_are_refused_naming_the_flag(flags, message):
+    # Each passed before, then failed in a rank with a traceback (the epochs' permutation seed
+    # overflowing int64, torch's millisecond timeout) or with an error naming no flag (NaN).
+    with pytest.raises(ConfigError, match=message.replace("*", r"\*").replace("+", r"\+")):
+        TrainConfig.from_flags(**flags)
+    TrainConfig.from_flags(seed=2 ** 43 - 1, timeout_s=1e9)  # the largest accepted
+

@@ -103,6 +103,16 @@ class TrainConfig:
         ignored = []
         if self.model.recipe_sources.get("heads") == "flag" and self.model.model != "gat":
             ignored.append(f"--heads is for --model gat; --model {self.model.model} ignores it.")
+        not_ours = {"--model " + self.model.model: self.model.model != "sage",
+                    "--recipe pyg": self.model.recipe == "pyg",
+                    f"--dataset {self.data.dataset} (heterogeneous)": self.data.is_hetero}
+        not_ours = [flag for flag, given in not_ours.items() if given]
+        if self.performance.fused_aggregation and not_ours:
+            ignored.append("--fused-aggregation runs in pyg_mgpu's own GraphSAGE on homogeneous "
+                           f"graphs; {' and '.join(not_ours)} ignores it.")
+        elif device_type == "cpu" and self.performance.fused_aggregation:
+            ignored.append("--fused-aggregation runs Triton kernels on GPUs; these ranks run "
+                           "on the CPU and aggregate with embedding_bag.")
         if device_type == "cpu":
             p = self.performance
             if p.graph_on in ("gpu", "host"):
@@ -111,9 +121,6 @@ class TrainConfig:
             if p.feature_cache_gb is not None:
                 ignored.append("--feature-cache-gb caches feature rows on the GPU; these ranks "
                                "run on the CPU and ignore it.")
-            if p.fused_aggregation:
-                ignored.append("--fused-aggregation runs Triton kernels on GPUs; these ranks run "
-                               "on the CPU and aggregate with embedding_bag.")
         return ignored
 
     @property

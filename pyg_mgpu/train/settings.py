@@ -24,6 +24,11 @@ INFERENCE_MODES = ("sampled", "layerwise")
 AMP_MODES = ("none", "bf16")
 # torch.set_float32_matmul_precision's: strict fp32, or TF32 on GPUs.
 MATMUL_PRECISIONS = ("highest", "high")
+# Longer, and torch's millisecond timeouts overflow as the ranks meet (about 1e13 s).
+MAX_TIMEOUT_S = 1e9
+# |--seed| below this: the epochs' permutation is seeded with seed * 1_000_003 + epoch
+# (pyg_mgpu.sampling.sharding), which must fit torch's 64-bit seeds.
+SEED_LIMIT = 2 ** 43
 # Where the graph lives for the ranks: copied to /dev/shm, or left in the graph cache's files
 # (mapped: the kernel may page it out, so it need not fit in RAM); auto maps when /dev/shm is
 # too small for it.
@@ -92,8 +97,8 @@ class SyntheticSettings:
                        num_features=self.num_features, num_classes=self.num_classes)
         self.split_fractions = listed(self.split_fractions, "split_fractions", float,
                                       "0.5,0.1,0.2")
-        if (len(self.split_fractions) != 3 or min(self.split_fractions) <= 0
-                or sum(self.split_fractions) > 1):
+        if (len(self.split_fractions) != 3 or not all(0 < f <= 1 for f in self.split_fractions)
+                or sum(self.split_fractions) > 1):  # (NaN fails every comparison)
             raise ConfigError("--split-fractions takes three positive shares of the nodes "
                               "(train,val,test) summing to at most 1, e.g. 0.5,0.1,0.2; got "
                               f"{','.join(map(str, self.split_fractions))}.")
@@ -191,6 +196,9 @@ class TrainingSettings:
     def __post_init__(self) -> None:
         self.fanout = listed(self.fanout, "fanout", int, "25,10")
         check_positive(epochs=self.epochs, batch_size=self.batch_size)
+        if not -SEED_LIMIT < self.seed < SEED_LIMIT:
+            raise ConfigError(f"--seed must lie between -2**43 and 2**43 (the seeds derived from "
+                              f"it must fit 64 bits), got {self.seed}.")
         if not self.fanout or any(k == 0 or k < -1 for k in self.fanout):
             raise ConfigError(f"--fanout must list one positive count per layer (or -1 for all "
                               f"neighbours), e.g. 25,10; got {','.join(map(str, self.fanout))}.")
@@ -243,8 +251,9 @@ class RankSettings:
                 backend_for(self.backend, "cpu")
             except ArgumentError as e:
                 raise ConfigError(in_flags(e)) from None
-        if not 0 < self.timeout_s < math.inf:
-            raise ConfigError(f"--timeout must be finite positive seconds, got {self.timeout_s}.")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise ConfigError(f"--timeout must be finite positive seconds, at most "
+                              f"{MAX_TIMEOUT_S:.0e} (31 years), got {self.timeout_s}.")
 
 
 @dataclass
