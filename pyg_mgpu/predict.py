@@ -85,25 +85,89 @@ def _flag(name: str) -> str:
 def read_run(run_dir: Path, trusted: bool = True) -> tuple[dict, dict]:
     """The run's metrics (empty for a run that did not finish) and its recorded config.
     ``trusted=False`` for a folder the user did not name: its ``checkpoint.pt`` is read as
-    data only (``weights_only``), no pickled code runs."""
+    data only (``weights_only``), no pickled code runs.
+
+    Raises:
+        ValueError: for a folder with no configuration, or whose ``metrics.json`` and
+            ``checkpoint.pt`` are of two runs (see :func:`check_same_run`).
+    """
     import torch
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir}: no such folder; pass the --out folder of a training run.")
     metrics_path, ckpt_path = run_dir / "metrics.json", run_dir / "checkpoint.pt"
+    metrics = None
     if metrics_path.is_file():
         try:
             metrics = json.loads(metrics_path.read_text())
         except ValueError as e:
             raise ValueError(f"{metrics_path}: not readable as JSON ({e}).") from None
-        if isinstance(metrics, dict) and isinstance(metrics.get("config"), dict):
-            return metrics, metrics["config"]
+        if not (isinstance(metrics, dict) and isinstance(metrics.get("config"), dict)):
+            metrics = None
+    ckpt = None
     if ckpt_path.is_file():  # a run stopped before its end records its config here
-        ckpt = _load(ckpt_path, torch, weights_only=not trusted)
-        if isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict):
-            return {"data_fingerprint": ckpt.get("data_fingerprint")}, ckpt["config"]
+        try:
+            ckpt = _load(ckpt_path, torch, weights_only=not trusted)
+        except ValueError:
+            if metrics is None:
+                raise
+        if not (isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict)):
+            ckpt = None
+    if metrics is not None:
+        if ckpt is not None:
+            check_same_run(run_dir, metrics, ckpt)
+        return metrics, metrics["config"]
+    if ckpt is not None:
+        return {"data_fingerprint": ckpt.get("data_fingerprint")}, ckpt["config"]
     raise ValueError(f"{run_dir}: no configuration (metrics.json with a config, or "
                      "checkpoint.pt); pass the --out folder of a python -m "
                      "pyg_mgpu.distributed_sampling run.")
+
+
+def check_same_run(run_dir: Path, metrics: dict, ckpt: dict) -> None:
+    """Refuses a run folder whose ``metrics.json`` and ``checkpoint.pt`` are of two runs.
+
+    A run started afresh in the folder of a finished one (``--overwrite``) and stopped before
+    its end has replaced ``checkpoint.pt`` (and ``best.pt``, once it validated), while
+    ``metrics.json`` is still the earlier run's: its config would rebuild the earlier run's
+    model and data around the later run's weights. One run's files agree on the settings a
+    resumed run must share (``RESUME_MUST_MATCH``), on the data's fingerprint, and on their
+    epochs: those the checkpoint recorded begin those ``metrics.json`` lists, or (a run resumed
+    in its folder and stopped again) the other way round. Which run ``best.pt`` is of cannot
+    be told for certain, so neither is chosen.
+
+    Raises:
+        ValueError: naming what differs and what to do.
+    """
+    from pyg_mgpu.train.config import TrainConfig
+    before, after = metrics["config"], ckpt["config"]
+    differ = [f"{key} ({before[key]!r} in metrics.json, {after[key]!r} in checkpoint.pt)"
+              for key in TrainConfig.RESUME_MUST_MATCH
+              if key in before and key in after and before[key] != after[key]
+              # a file's path, which a resume may spell otherwise: the fingerprint compares it
+              and not (key == "dataset" and str(before[key]).endswith(".npz"))]
+    if (metrics.get("data_fingerprint") and ckpt.get("data_fingerprint")
+            and metrics["data_fingerprint"] != ckpt["data_fingerprint"]):
+        differ.append("the data's fingerprint")
+    if not differ and not _same_epochs(metrics.get("epochs"), ckpt.get("history")):
+        differ.append("their epochs (the same settings, trained again)")
+    if differ:
+        raise ValueError(
+            f"{run_dir} holds files of two runs: metrics.json is of a run that finished, "
+            "checkpoint.pt (and best.pt, once it validated) of another started there since "
+            f"(with --overwrite) that did not finish; they differ in {'; '.join(differ)}. "
+            f"Finish that run (python -m pyg_mgpu.distributed_sampling --resume {run_dir} "
+            "with its flags), or move the files of the run to predict with into a folder of "
+            "their own.")
+
+
+def _same_epochs(listed, recorded) -> bool:
+    """Whether ``metrics.json``'s epochs and a checkpoint's history are of one run: one
+    begins the other (compared as JSON text, so that a NaN loss equals itself)."""
+    if not isinstance(listed, list) or not isinstance(recorded, list):
+        return True  # nothing to compare
+    n = min(len(listed), len(recorded))
+    return all(json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+               for a, b in zip(listed[:n], recorded[:n]))
 
 
 def _load(path: Path, torch, weights_only: bool = False):
@@ -182,13 +246,24 @@ def _needed_bytes(num_nodes: int, num_out: int, widths: list[int], outputs: list
             + num_out * (8 + sum(per_row[name] for name in outputs)))
 
 
-def prepare_out(out: Path, resume: bool, overwrite: bool, needed: int) -> None:
-    """``out`` made, writable and with room, or refused (nothing is left behind)."""
-    existing = out.is_dir() and any((out / name).exists() for name in
-                                    ("node_ids.npy", "layers", "predictions.json"))
-    if existing and not (resume or overwrite):
-        raise ValueError(f"--out {out} holds predictions already; pass --overwrite to replace "
-                         "them, --resume to continue a stopped run, or another --out.")
+def refuse_outputs(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuses an ``--out`` holding predictions already, or files at their names, without
+    ``--overwrite`` (or ``--resume`` of a stopped job there): what the library would refuse."""
+    from pyg_mgpu.inference.outputs import in_the_way
+    found = in_the_way(out, resume=resume, overwrite=overwrite)
+    if (out / "predictions.json").exists() and not (resume or overwrite):
+        found.append("predictions.json")
+    if found:
+        listed = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ValueError(f"--out {out} holds predictions already ({listed}); pass --overwrite "
+                         "to replace them, --resume to continue a stopped run, or another "
+                         "--out.")
+
+
+def prepare_out(out: Path, overwrite: bool, needed: int) -> None:
+    """``out`` made, writable and with room, or refused (nothing is left behind). With
+    ``overwrite``, the earlier ``predictions.json`` is deleted before any rank starts: a job
+    stopped before its end must not leave it describing outputs it has replaced."""
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -198,6 +273,8 @@ def prepare_out(out: Path, resume: bool, overwrite: bool, needed: int) -> None:
             raise OSError(28, f"the outputs take {needed / 2**30:.2f} GiB and it has "
                               f"{free / 2**30:.2f} GiB free; free space there or choose "
                               "another --out")
+        if overwrite:
+            (out / "predictions.json").unlink(missing_ok=True)
     except OSError as e:
         if created:
             shutil.rmtree(out, ignore_errors=True)
@@ -274,7 +351,7 @@ def run(args) -> dict:
     from pyg_mgpu.inference import HIDDEN_DTYPES, OUTPUTS, Predictions
     from pyg_mgpu.inference.arguments import check_embeddings, check_nodes
     from pyg_mgpu.inference.layers import stack_of
-    from pyg_mgpu.inference.predictions import check_resume
+    from pyg_mgpu.inference.predictions import check_out
     from pyg_mgpu.train.checkpoint import save_json
     from pyg_mgpu.train.config import TrainConfig
     from pyg_mgpu.train.dataset import load_configured
@@ -320,17 +397,20 @@ def run(args) -> dict:
     widths = stack.widths(graph.num_features if graph.is_hetero else
                           {stack.target: graph.num_features})
     out = Path(args.out) if args.out else run_dir / "predictions"
-    prepare_out(out, args.resume, args.overwrite,
-                _needed_bytes(graph.num_nodes, labelled if nodes is None else nodes.numel(),
-                              widths, outputs, args.embeddings,
-                              HIDDEN_DTYPES[args.hidden_dtype]().itemsize))
     fingerprint = metrics.get("data_fingerprint") or data_fingerprint(graph.tensors())
     options = dict(outputs=outputs, embeddings=args.embeddings, nodes=nodes,
                    batch_size=args.batch_size, hidden_dtype=args.hidden_dtype)
     key = {"data": fingerprint}
-    # Layers of another model or data are refused here, before any rank starts.
-    finished = args.resume and check_resume(model, graph, out, key=key, **options)
-    options.update(resume=args.resume, key=key)
+    refuse_outputs(out, args.resume, args.overwrite)
+    # A layers/ folder it did not write, and layers of another model or data, are refused
+    # here, before anything is written or any rank starts.
+    finished = check_out(model, graph, out, resume=args.resume, overwrite=args.overwrite,
+                         key=key, **options)
+    prepare_out(out, args.overwrite,
+                _needed_bytes(graph.num_nodes, labelled if nodes is None else nodes.numel(),
+                              widths, outputs, args.embeddings,
+                              HIDDEN_DTYPES[args.hidden_dtype]().itemsize))
+    options.update(resume=args.resume, overwrite=args.overwrite, key=key)
     if finished:
         print(f"{out} holds these predictions whole already: nothing to compute", flush=True)
     else:

@@ -191,6 +191,70 @@ def test_models_and_graphs_it_cannot_run_exactly_are_refused(tmp_path):
         pyg_mgpu.predict(build_model("sage", 8, 16, 5, 2), HeteroData(), tmp_path)
     with pytest.raises(TypeError, match="not a model"):
         pyg_mgpu.predict(torch.nn.Linear(8, 5), data, tmp_path)
+    # A BasicGNN whose conv takes no (source rows, destination rows), and an aggregation that
+    # is not a plain reduction: refused by name, not crashed on.
+    pna = pyg_nn.PNA(8, 16, 2, out_channels=5, aggregators=["mean"], scalers=["identity"],
+                     deg=torch.tensor([0, 5, 10]))
+    with pytest.raises(TypeError, match="PNA is not a model .* PyG's GraphSAGE, GCN, GAT"):
+        pyg_mgpu.predict(pna, data, tmp_path)
+    with pytest.raises(TypeError, match="aggr='lstm'; layer-wise prediction supports "
+                                        "aggr='mean', 'sum', 'max', 'min'"):
+        pyg_mgpu.predict(pyg_nn.GraphSAGE(8, 16, 2, out_channels=5, aggr="lstm"), data, tmp_path)
+    with pytest.raises(ArgumentError, match="data has 8 features per node, the model's first "
+                                            "layer takes 6"):
+        pyg_mgpu.predict(pyg_nn.GCN(6, 16, 2, out_channels=5), data, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("aggr", ["sum", "max", "min"])
+def test_other_plain_aggregations_equal_the_full_graph_forward(aggr, tmp_path):
+    data = graph()
+    model = trained_looking(lambda: pyg_nn.GraphSAGE(8, 16, 2, out_channels=5, aggr=aggr))
+    got = pyg_mgpu.predict(model, data, tmp_path, batch_size=64)
+    torch.testing.assert_close(tensor(got.logits[:]), model(data.x, data.edge_index),
+                               rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["edge_weight", "edge_attr"])
+def test_edge_features_are_refused_rather_than_left_out(name, tmp_path):
+    data = graph()
+    data[name] = torch.rand(data.edge_index.size(1))
+    with pytest.raises(ArgumentError, match=f"data has {name}, which layer-wise prediction "
+                                            "does not carry"):
+        pyg_mgpu.predict(trained_looking(MODELS["PyG GCN"]), data, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_files_it_did_not_write_are_kept_and_outputs_replaced_only_with_overwrite(tmp_path):
+    data, model = graph(), trained_looking(MODELS["PyG GraphSAGE"])
+    # A layers/ folder of the caller's: predict keeps its hidden layers there, and would delete
+    # it when done; refused, even with overwrite.
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "notes.txt").write_text("mine")
+    for args in ({}, {"overwrite": True}):
+        with pytest.raises(ValueError, match="layers was not written by pyg_mgpu.predict"):
+            pyg_mgpu.predict(model, data, tmp_path, **args)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["layers", "notes.txt"]
+    (tmp_path / "layers" / "notes.txt").rename(tmp_path / "notes.txt")
+    (tmp_path / "layers").rmdir()
+    # Outputs there already (a finished call's, or a file at an output's name) are refused,
+    # left as they are, and replaced with overwrite; the caller's other files stay.
+    first = tensor(pyg_mgpu.predict(model, data, tmp_path, batch_size=64).logits[:])
+    written = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for args in ({}, {"outputs": ["labels"]}):
+        with pytest.raises(ArgumentError, match="holds predictions already .*manifest.json, "
+                                                "node_ids.npy, logits.npy.*overwrite=True"):
+            pyg_mgpu.predict(model, data, tmp_path, **args)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == written
+    got = pyg_mgpu.predict(model, data, tmp_path, outputs=["labels"], overwrite=True)
+    assert torch.equal(tensor(got.labels[:]), first.argmax(-1)) and got.logits is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.npy", "manifest.json",
+                                                          "node_ids.npy", "notes.txt"]
+    (tmp_path / "manifest.json").write_text("{}")  # the caller's own, at predict's name
+    (tmp_path / "labels.npy").unlink()
+    with pytest.raises(ArgumentError, match=r"holds predictions already \(manifest.json, "
+                                            r"node_ids.npy\)"):
+        pyg_mgpu.predict(model, data, tmp_path, outputs=["labels"], resume=True)
 
 
 class Interrupted(Exception):
@@ -257,7 +321,7 @@ def test_resume_of_finished_outputs_computes_nothing_and_checks_the_model(tmp_pa
         raise Interrupted
     monkeypatch.setattr(predictions._Run, "finish", stopped)
     with pytest.raises(Interrupted):
-        pyg_mgpu.predict(model, data, tmp_path, **options)
+        pyg_mgpu.predict(model, data, tmp_path, overwrite=True, **options)
     assert not predictions.check_resume(model, data, tmp_path, **options)
     monkeypatch.setattr(predictions._Run, "finish", finish)
     monkeypatch.setattr(predictions._Run, "_run_layer", no_layer)
@@ -265,10 +329,10 @@ def test_resume_of_finished_outputs_computes_nothing_and_checks_the_model(tmp_pa
     assert torch.equal(tensor(again.logits[:]), logits)
     assert again.embeddings.shape == (NUM_NODES, 16) and again.node_ids.shape == (NUM_NODES,)
     assert not (tmp_path / predictions.LAYERS).exists()
-    # Started afresh (no resume), the outputs are computed again.
+    # Started afresh (overwrite, no resume), the outputs are computed again.
     monkeypatch.undo()
     assert not predictions.check_resume(model, data, tmp_path / "elsewhere", **options)
-    fresh = pyg_mgpu.predict(model, data, tmp_path, batch_size=50)
+    fresh = pyg_mgpu.predict(model, data, tmp_path, batch_size=50, overwrite=True)
     assert torch.equal(tensor(fresh.logits[:]), logits)
 
 

@@ -166,6 +166,19 @@ def test_bad_input_is_one_error_line_and_nothing_is_written(run_copy, tmp_path, 
     assert "unreadable as a torch checkpoint" in error_of(
         base + ["--checkpoint", str(other / "best.pt")], capsys)
     assert not (tmp_path / "ran").exists()
+    # The checkpoint of another run started in the run's folder since, and stopped.
+    torch.save({"config": {**metrics["config"], "num_nodes": 1500, "seed": 1},
+                "data_fingerprint": "0" * 32, "history": []}, run_copy / "checkpoint.pt")
+    assert "holds files of two runs" in error_of(base, capsys)
+    (run_copy / "checkpoint.pt").unlink()
+    # A layers/ folder predict did not write, which it would use and delete: kept, even with
+    # --overwrite.
+    (out / "layers").mkdir(parents=True)
+    (out / "layers" / "notes.txt").write_text("mine")
+    assert "layers was not written by pyg_mgpu.predict" in error_of(base + ["--overwrite"],
+                                                                    capsys)
+    assert [p.name for p in out.rglob("*")] == ["layers", "notes.txt"]
+    shutil.rmtree(out)
     # Output folders it cannot write to, or that lack the room.
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -179,6 +192,52 @@ def test_bad_input_is_one_error_line_and_nothing_is_written(run_copy, tmp_path, 
     (run_copy / "best.pt").unlink()
     assert "best.pt: no such file; the run never validated" in error_of(base, capsys)
     assert not out.exists()
+
+
+def test_a_run_folder_with_files_of_two_runs_is_refused(tmp_path):
+    """--overwrite started a run in a finished run's folder, which stopped: checkpoint.pt (and
+    best.pt) are the new run's, metrics.json the old one's."""
+    config = TrainConfig().to_dict()
+    epochs = [{"epoch": 1, "train_loss": float("nan"), "val_acc": 0.5, "epoch_time_s": 0.1},
+              {"epoch": 2, "train_loss": 1.2, "val_acc": 0.6, "epoch_time_s": 0.1}]
+    (tmp_path / "metrics.json").write_text(json.dumps(
+        {"config": config, "data_fingerprint": "a" * 32, "epochs": epochs}))
+
+    def checkpoint(history, fingerprint="a" * 32, **changed):
+        torch.save({"config": {**config, **changed}, "data_fingerprint": fingerprint,
+                    "history": history}, tmp_path / "checkpoint.pt")
+
+    checkpoint(epochs[:1])  # the run's own, from before its end
+    assert predict_command.read_run(tmp_path)[1] == config
+    checkpoint(epochs + [{**epochs[1], "epoch": 3}])  # resumed in its folder, stopped again
+    assert predict_command.read_run(tmp_path)[1] == config
+    checkpoint([], seed=1)
+    with pytest.raises(ValueError, match=r"holds files of two runs: .* seed \(0 in "
+                                         r"metrics.json, 1 in checkpoint.pt\)"):
+        predict_command.read_run(tmp_path)
+    checkpoint([], fingerprint="b" * 32)
+    with pytest.raises(ValueError, match="differ in the data's fingerprint"):
+        predict_command.read_run(tmp_path)
+    checkpoint([{**epochs[0], "val_acc": 0.4}])  # the same settings, trained again
+    with pytest.raises(ValueError, match="differ in their epochs"):
+        predict_command.read_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_stopped_overwrite_leaves_no_earlier_predictions_json(run_copy, tmp_path,
+                                                                monkeypatch):
+    from pyg_mgpu.distributed import launch
+    from pyg_mgpu.distributed.context import JobStopped
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "predictions.json").write_text(json.dumps({"nodes": "all", "files": {}}))
+
+    def stopped(*args, **kwargs):
+        raise JobStopped(2)
+    monkeypatch.setattr(launch, "launch_local", stopped)
+    assert main([str(run_copy), "--out", str(out), "--overwrite", "--devices", "cpu",
+                 "--nprocs", "1"]) == 130
+    assert not (out / "predictions.json").exists()
 
 
 def test_the_name_stays_the_library_function_once_the_command_is_imported(tmp_path):

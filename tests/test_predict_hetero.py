@@ -104,6 +104,25 @@ def test_hetero_models_refuse_a_homogeneous_graph_and_missing_types(tmp_path):
         pyg_mgpu.predict(model, data, tmp_path)
 
 
+def test_overwrite_removes_the_earlier_calls_outputs_whatever_their_folders(tmp_path):
+    data = hetero_graph()
+    homogeneous = Data(x=data["paper"].x, edge_index=data["paper", "cites", "paper"].edge_index)
+    pyg_mgpu.predict(build_model("sage", 8, 16, 5, 2), homogeneous, tmp_path,
+                     outputs=["logits", "labels"], embeddings=1)
+    (tmp_path / "notes.txt").write_text("mine")
+    # A heterogeneous model's outputs, in a folder per type, replace the files at the top.
+    got = pyg_mgpu.predict(hetero_model(data, "rgcn", num_layers=2), data, tmp_path,
+                           outputs=["logits"], overwrite=True)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "manifest.json", "notes.txt", "paper", "paper/logits.npy", "paper/node_ids.npy"]
+    assert set(got.logits) == {"paper"}
+    # And the other way round: the type folders go (a folder holding other files stays).
+    (tmp_path / "paper" / "notes.txt").write_text("mine")
+    pyg_mgpu.predict(build_model("sage", 8, 16, 5, 2), homogeneous, tmp_path, overwrite=True)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "logits.npy", "manifest.json", "node_ids.npy", "notes.txt", "paper", "paper/notes.txt"]
+
+
 def chain(num_nodes: int) -> Data:
     """Edges i -> i + 1: node i's in-neighbour is i - 1."""
     ids = torch.arange(num_nodes - 1)

@@ -82,6 +82,14 @@ def graph_of(data, node_types: Optional[list[str]] = None,
                         "heterogeneous graph pass pyg_mgpu's HeteroGNN.")
     if data.x is None:
         raise ArgumentError("{data} has no node features x; the model's first layer reads them.")
+    # The blocks carry no edge features: a model that reads them (GCN's edge_weight, GAT's
+    # edge_attr) would silently get its unweighted outputs.
+    features = [name for name in ("edge_weight", "edge_attr") if data.get(name) is not None]
+    if features:
+        raise ArgumentError(f"{{data}} has {' and '.join(features)}, which layer-wise "
+                            "prediction does not carry to the layers yet (it computes "
+                            "model(x, edge_index)); where the model does not read them, pass "
+                            "the graph without them: Data(x=data.x, edge_index=data.edge_index).")
     return Graph({NODE: data.x}, {EDGE: _host(csc_of(data))})
 
 

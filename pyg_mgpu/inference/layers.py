@@ -28,12 +28,15 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.nn import GCNConv, SAGEConv
-from torch_geometric.nn.aggr import MeanAggregation
+from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn import models as pyg_models
+from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggregation,
+                                     SumAggregation)
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
 
+from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.inference.arguments import EDGE, NODE, Graph
 from pyg_mgpu.inference.blocks import Rows, make_block
 from pyg_mgpu.inference.hetero import HeteroStack
@@ -44,6 +47,16 @@ from pyg_mgpu.nn.sage import GraphSAGE, sage_layer
 # Normalizations that act on each node's row alone in evaluation (BatchNorm with its running
 # statistics): the others (GraphNorm, InstanceNorm, LayerNorm over the graph, ...) mix nodes.
 _PER_NODE_NORMS = (nn.Identity, nn.BatchNorm1d, nn.LayerNorm, PygBatchNorm)
+# PyG's models it runs, and the convs they build: each takes (source rows, destination rows)
+# of a bipartite block (PNA's and EdgeCNN's do not).
+_PYG_MODELS = (pyg_models.GraphSAGE, pyg_models.GCN, pyg_models.GAT, pyg_models.GIN)
+_CONVS = (SAGEConv, GCNConv, GATConv, GATv2Conv, GINConv)
+# Aggregations of a destination's in-edges that a block with all of them computes exactly, by
+# their names in PyG (an LSTM reads them as a sequence; others are not tested here).
+_AGGREGATIONS = {MeanAggregation: "mean", SumAggregation: "sum", MaxAggregation: "max",
+                 MinAggregation: "min"}
+_SUPPORTED = ("pyg_mgpu's GraphSAGE and GCN, PyG's GraphSAGE, GCN, GAT and GIN "
+              "(torch_geometric.nn), and pyg_mgpu's HeteroGNN for heterogeneous graphs")
 
 
 @dataclass
@@ -65,6 +78,7 @@ class Layer:
     Attributes:
         conv: The message-passing module.
         after: What the model applies to the conv's output (activation, norm, final Linear).
+        width: The width of its output (after ``after``).
         gcn: For a ``GCNConv``: its weighting, applied from whole-graph degrees; else None.
         mean_bags: A mean ``SAGEConv`` (pyg_mgpu's GraphSAGE, or PyG's with its defaults: see
             :func:`computes_as_sage_layer`): the conv runs as pyg_mgpu's fast path does
@@ -74,6 +88,7 @@ class Layer:
     """
     conv: nn.Module
     after: Callable[[Tensor], Tensor]
+    width: int
     gcn: Optional[GCNWeights] = None
     mean_bags: bool = False
 
@@ -169,25 +184,23 @@ def inverse_sqrt(deg: Tensor) -> Tensor:
 def model_layers(model: nn.Module) -> list[Layer]:
     """The layers of ``model`` as inference runs them.
 
-    Supported: pyg_mgpu's :class:`~pyg_mgpu.nn.sage.GraphSAGE` and GCN, and PyG's ``BasicGNN``
-    models (``GraphSAGE``, ``GCN``, ``GAT``, ``GIN``) with ``jk=None`` or ``"last"`` and
-    per-node normalization (or none).
+    Supported: pyg_mgpu's :class:`~pyg_mgpu.nn.sage.GraphSAGE` and GCN, and PyG's
+    ``GraphSAGE``, ``GCN``, ``GAT`` and ``GIN`` with ``jk=None`` or ``"last"``, per-node
+    normalization (or none), and convs that aggregate by mean, sum, max or min.
 
     Raises:
-        TypeError: for other models, jumping knowledge that
+        TypeError: for other models, convs or aggregations, jumping knowledge that
             concatenates layers, or normalization across nodes.
     """
     if isinstance(model, nn.parallel.DistributedDataParallel):
         raise TypeError("pass the unwrapped model (ddp.module), not DistributedDataParallel.")
     if isinstance(model, GraphSAGE):
         last = len(model.convs) - 1
-        return [Layer(conv, _identity if i == last else F.relu,
+        return [Layer(conv, _identity if i == last else F.relu, conv.out_channels,
                       mean_bags=model.sparse_aggregation) for i, conv in enumerate(model.convs)]
-    if not isinstance(model, BasicGNN):
+    if not isinstance(model, _PYG_MODELS):
         raise TypeError(f"{type(model).__name__} is not a model layer-wise prediction knows: it "
-                        "takes pyg_mgpu's GraphSAGE and GCN, and PyG's BasicGNN models "
-                        "(torch_geometric.nn.GraphSAGE, GCN, GAT, GIN), and pyg_mgpu's "
-                        "HeteroGNN for heterogeneous graphs.")
+                        f"takes {_SUPPORTED}.")
     if model.jk_mode not in (None, "last"):
         raise TypeError(f"jumping knowledge {model.jk_mode!r} combines every layer's output; "
                         "layer-wise prediction keeps one layer at a time (jk=None or 'last').")
@@ -201,15 +214,33 @@ def model_layers(model: nn.Module) -> list[Layer]:
                             "or none.")
     layers = []
     for i, conv in enumerate(model.convs):
+        _check_conv(model, conv)
         gcn = None
         if isinstance(conv, GCNConv):
             if isinstance(model, TrimmedGCN):  # normalizes once per forward, not per conv
                 gcn = GCNWeights(model.add_self_loops, normalize=True)
             else:
                 gcn = GCNWeights(conv.add_self_loops, conv.normalize)
-        layers.append(Layer(conv, _basic_gnn_after(model, i), gcn,
+        # BasicGNN's hidden layers output hidden_channels (GAT's heads concatenated), its last
+        # (or the Linear after it, with jk='last') out_channels.
+        width = model.out_channels if i == model.num_layers - 1 else model.hidden_channels
+        layers.append(Layer(conv, _basic_gnn_after(model, i), width, gcn,
                             mean_bags=computes_as_sage_layer(conv)))
     return layers
+
+
+def _check_conv(model: nn.Module, conv: nn.Module) -> None:
+    """Refuses a conv a block of (source rows, destination rows) does not compute exactly."""
+    if type(conv) not in _CONVS:  # a subclass's init_conv may build any conv
+        raise TypeError(f"{type(model).__name__} has a {type(conv).__name__} layer; layer-wise "
+                        f"prediction runs {', '.join(c.__name__ for c in _CONVS)} (in "
+                        f"{_SUPPORTED}).")
+    aggregation = getattr(conv, "aggr_module", None)
+    if type(aggregation) not in _AGGREGATIONS:
+        raise TypeError(f"{type(model).__name__}'s {type(conv).__name__} aggregates with "
+                        f"aggr={getattr(conv, 'aggr', None)!r}; layer-wise prediction supports "
+                        f"aggr={', '.join(map(repr, _AGGREGATIONS.values()))} ('add' is "
+                        "'sum').")
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -236,25 +267,6 @@ def _basic_gnn_after(model: BasicGNN, i: int) -> Callable[[Tensor], Tensor]:
     return after
 
 
-@torch.no_grad()
-def layer_widths(layers: list[Layer], in_channels: int) -> list[int]:
-    """Each layer's output width, found by running the layers on one node without edges."""
-    x = torch.zeros(1, in_channels, device=_device_of(layers))
-    no_edges = torch.zeros(2, 0, dtype=torch.long, device=x.device)
-    widths = []
-    for layer in layers:
-        x = layer(x, no_edges, 1, torch.ones(1, device=x.device))
-        widths.append(x.size(1))
-    return widths
-
-
-def _device_of(layers: list[Layer]) -> torch.device:
-    for layer in layers:
-        for param in layer.conv.parameters():
-            return param.device
-    return torch.device("cpu")
-
-
 class HomogeneousStack:
     """A homogeneous model as the run computes it: one node type (:data:`NODE`) read over one
     edge type (:data:`EDGE`), layer after layer."""
@@ -264,6 +276,9 @@ class HomogeneousStack:
     def __init__(self, model: nn.Module):
         self.layers = model_layers(model)
         self.num_layers = len(self.layers)
+        # The feature width the first layer takes (None where PyG infers it: lazy, bipartite).
+        first = model.in_channels if isinstance(model, BasicGNN) else model.convs[0].in_channels
+        self.in_channels = first if isinstance(first, int) and first > 0 else None
         # GCN's whole-graph degrees, where a layer normalizes (one setting for every layer).
         self.gcn = next((layer.gcn for layer in self.layers
                          if layer.gcn and layer.gcn.normalize), None)
@@ -278,7 +293,17 @@ class HomogeneousStack:
         return [NODE], [EDGE]
 
     def widths(self, in_channels: dict[str, int]) -> list[int]:
-        return layer_widths(self.layers, in_channels[NODE])
+        """Each layer's output width, checking that the features are as wide as the first
+        layer takes them.
+
+        Raises:
+            ArgumentError: when they are not.
+        """
+        if self.in_channels is not None and in_channels[NODE] != self.in_channels:
+            raise ArgumentError(f"{{data}} has {in_channels[NODE]} features per node, the "
+                                f"model's first layer takes {self.in_channels}; predict on the "
+                                "features the model was trained on.")
+        return [layer.width for layer in self.layers]
 
     def step(self, i: int, node_type: str, dst, inputs: dict[str, Rows], graph: Graph,
              device: torch.device, scale: Optional[Rows] = None) -> Tensor:

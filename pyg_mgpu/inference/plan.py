@@ -21,9 +21,7 @@ from pyg_mgpu.inference import store
 from pyg_mgpu.inference.arguments import Graph, check_embeddings, check_nodes, graph_of
 from pyg_mgpu.inference.closure import needed_nodes
 from pyg_mgpu.inference.layers import stack_of
-from pyg_mgpu.inference.outputs import OUTPUT_DTYPES, OUTPUTS, type_folder
-
-LAYERS = "layers"  # the subfolder of out holding the hidden layers while they are needed
+from pyg_mgpu.inference.outputs import LAYERS, OUTPUT_DTYPES, OUTPUTS, type_folder
 
 
 class Plan:
@@ -125,10 +123,19 @@ class Plan:
                             if (i, t) in subsets else None)
                         for t in self.stack.outputs(i)} for i in range(self.num_layers - 1)]
 
+    def outputs_whole(self) -> bool:
+        """Whether the last layer's files are whole on disk."""
+        return all(store.is_whole(path, self.out_shape(name), OUTPUT_DTYPES[name])
+                   for name, path in self.last_files().items())
+
+    def output_folders(self) -> list[Path]:
+        """Every folder this call writes outputs in."""
+        return list(dict.fromkeys(self.out_folder(t) for i in range(self.num_layers)
+                                  for t in self.stack.outputs(i)))
+
     def finished_layers(self) -> int:
         """How many layers are whole on disk (the next one to compute)."""
-        if all(store.is_whole(path, self.out_shape(name), OUTPUT_DTYPES[name])
-               for name, path in self.last_files().items()):
+        if self.outputs_whole():
             return self.num_layers
         dtype = store.HIDDEN_DTYPES[self.hidden_dtype]
         for k in range(self.num_layers - 1, 0, -1):

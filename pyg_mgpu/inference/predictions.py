@@ -11,7 +11,9 @@ and rank 0 renames the finished files into place (:mod:`pyg_mgpu.inference.store
 also where a resumed run starts.
 
 The folder ``out`` ends up with the files :mod:`pyg_mgpu.inference.outputs` describes;
-``out/layers/`` holds the hidden layers while they are needed and is removed at the end.
+``out/layers/`` holds the hidden layers while they are needed and is removed at the end. A call
+replaces what an earlier one left in ``out`` only when told to (``overwrite``), and never
+removes what predict did not write.
 """
 from __future__ import annotations
 
@@ -25,15 +27,17 @@ import torch.distributed as dist
 from torch import Tensor
 from tqdm import tqdm
 
+from pyg_mgpu.errors import ArgumentError
 from pyg_mgpu.inference import store
 from pyg_mgpu.inference.arguments import EDGE
 from pyg_mgpu.inference.blocks import BLOCK_BYTES, Rows, batches, make_block
 from pyg_mgpu.inference.layers import gcn_degrees, inverse_sqrt
-from pyg_mgpu.inference.outputs import FILES, OUTPUTS, Predictions
+from pyg_mgpu.inference.outputs import (FILES, OUTPUTS, Predictions, check_layers_folder,
+                                        in_the_way, remove_outputs)
 from pyg_mgpu.inference.plan import LAYERS, Plan
 from pyg_mgpu.sampling.sharding import shard_bounds
 
-__all__ = ["LAYERS", "OUTPUTS", "Predictions", "check_resume", "predict"]
+__all__ = ["LAYERS", "OUTPUTS", "Predictions", "check_out", "check_resume", "predict"]
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -60,7 +64,7 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
             outputs: Sequence[str] = ("logits",), embeddings: Optional[int] = None,
             nodes=None, batch_size: int = 4096,
             hidden_dtype: str = "float32", device: Optional[torch.device] = None,
-            resume: bool = False, progress_bar: bool = False,
+            resume: bool = False, overwrite: bool = False, progress_bar: bool = False,
             key: Optional[dict] = None) -> Predictions:
     """The model's outputs for every node (or ``nodes``), exact, written to ``.npy`` files.
 
@@ -79,7 +83,9 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
             or a ``ConvertedGraph``; for a ``HeteroGNN`` a ``HeteroData`` (or pyg_mgpu's
             ``HeteroGraph``) with ``x`` for every node type it reads.
         out: The folder to write; created if needed. A heterogeneous model's outputs go to one
-            subfolder per node type (``out/paper/logits.npy``).
+            subfolder per node type (``out/paper/logits.npy``). Outputs already there (an
+            earlier call's, or files at their names) are refused unless ``overwrite`` or
+            ``resume``; a ``layers/`` folder there that predict did not write is always refused.
         outputs: Any of ``logits``, ``probabilities`` (softmax), ``labels`` (argmax).
         embeddings: Also keep hidden layer ``embeddings``'s output (1 to layers - 1: what the
             next layer reads, after activation and normalization), of every node type it has.
@@ -92,7 +98,10 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
             (half the disk and reads; see :mod:`pyg_mgpu.inference.store`). Logits are float32.
         device: Where to compute; default the model's device.
         resume: Continue from the last layer finished in ``out`` by an earlier call with the
-            same model, graph and arguments; otherwise start afresh there.
+            same model, graph and arguments; where there is none, start afresh there.
+        overwrite: Start afresh in ``out`` even where it holds outputs: the earlier call's
+            outputs (by its manifest) and files at the names predict writes are deleted, nothing
+            else.
         progress_bar: Show a bar per layer (pass it on one rank).
         key: More facts a resumed call must share with the earlier one (e.g. a data digest).
 
@@ -100,9 +109,11 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
         :class:`~pyg_mgpu.inference.outputs.Predictions`, the written arrays mapped read-only.
 
     Raises:
-        ArgumentError: for outputs, embeddings, nodes, batch sizes or dtypes it cannot take.
+        ArgumentError: for outputs, embeddings, nodes, batch sizes or dtypes it cannot take,
+            or an ``out`` holding outputs already (without ``overwrite`` or ``resume``).
         TypeError: for a model or graph it does not support.
-        ValueError: with ``resume``, when ``out`` holds layers of another model or graph.
+        ValueError: with ``resume``, when ``out`` holds layers of another model or graph; when
+            ``out/layers`` is a folder predict did not write.
 
     Example:
         >>> from torch_geometric.data import Data
@@ -122,7 +133,7 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
     was_training = model.training
     model.eval()
     try:
-        run.prepare(resume, plan.manifest(model, key))
+        run.prepare(resume, overwrite, plan.manifest(model, key))
         run.compute()
         run.finish()
     finally:
@@ -130,20 +141,45 @@ def predict(model: torch.nn.Module, data, out: Union[str, Path], *,
     return run.opened()
 
 
-def check_resume(model: torch.nn.Module, data, out: Union[str, Path], *,
-                 key: Optional[dict] = None, **options) -> bool:
-    """Refuses, as :func:`predict` with ``resume=True`` would, layers or outputs in ``out``
-    computed with another model, graph or options (``options``: :func:`predict`'s), before any
-    rank starts; returns whether ``out`` holds this call's outputs whole already (a resumed
-    call then computes nothing).
+def check_out(model: torch.nn.Module, data, out: Union[str, Path], *, resume: bool = False,
+              overwrite: bool = False, key: Optional[dict] = None, **options) -> bool:
+    """Refuses ``out`` as :func:`predict` would, before any rank starts (``options``: its other
+    arguments): a ``layers/`` folder predict did not write, outputs already there (see
+    :func:`~pyg_mgpu.inference.outputs.in_the_way`), and with ``resume`` layers or outputs
+    computed with another model, graph or options. Returns whether a resumed call finds its
+    outputs whole already (and computes nothing).
 
     Raises:
-        ValueError: naming what differs.
+        ArgumentError: for outputs in the way.
+        ValueError: naming what differs, or the folder predict did not write.
     """
     plan = Plan(model, data, Path(out), **options)
-    before, outputs_only = _recorded_manifest(plan)
-    _same_manifest(plan.out, before, plan.manifest(model, key))
-    return outputs_only and plan.finished_layers() == plan.num_layers
+    if not _check_out(plan, resume, overwrite, plan.manifest(model, key)):
+        return False
+    return _recorded_manifest(plan)[1] and plan.outputs_whole()
+
+
+def check_resume(model: torch.nn.Module, data, out: Union[str, Path], *,
+                 key: Optional[dict] = None, **options) -> bool:
+    """:func:`check_out` for a resumed call: refuses layers or outputs in ``out`` computed with
+    another model, graph or options; returns whether they are this call's, whole."""
+    return check_out(model, data, out, resume=True, overwrite=True, key=key, **options)
+
+
+def _check_out(plan: Plan, resume: bool, overwrite: bool, manifest: dict) -> bool:
+    """:func:`check_out`'s refusals; returns whether the call resumes (a manifest is there)."""
+    check_layers_folder(plan.out)
+    found = in_the_way(plan.out, resume=resume, overwrite=overwrite)
+    if found:
+        listed = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ArgumentError(f"{{out}} {plan.out} holds predictions already ({listed}); pass "
+                            "overwrite=True to replace them, resume=True to continue a stopped "
+                            "call with the same arguments, or another folder.")
+    before, _ = _recorded_manifest(plan)
+    if resume and before is not None:
+        _same_manifest(plan.out, before, manifest)
+        return True
+    return False
 
 
 def _recorded_manifest(plan: Plan) -> tuple[Optional[dict], bool]:
@@ -173,14 +209,14 @@ class _Run:
         self.start = 0
         self.manifest: Optional[dict] = None
 
-    def prepare(self, resume: bool, manifest: dict) -> None:
+    def prepare(self, resume: bool, overwrite: bool, manifest: dict) -> None:
         """Rank 0 checks or starts the folder and writes which nodes each layer computes;
         every rank learns where to start and opens those lists."""
         answer = (0, set(), None)
         self.manifest = manifest
         if self.rank == 0:
             try:
-                resumed = self._prepare_folder(resume, manifest)
+                resumed = self._prepare_folder(resume, overwrite, manifest)
                 subsets = self.plan.write_needed()
                 self.plan.open_needed(subsets)
                 answer = (self.plan.finished_layers() if resumed else 0, subsets, None)
@@ -191,22 +227,21 @@ class _Run:
             raise error
         self.plan.open_needed(subsets)
 
-    def _prepare_folder(self, resume: bool, manifest: dict) -> bool:
+    def _prepare_folder(self, resume: bool, overwrite: bool, manifest: dict) -> bool:
         """Whether it resumes: the folder checked against ``manifest``, or started afresh."""
+        resumes = _check_out(self.plan, resume, overwrite, manifest)
         self.plan.out.mkdir(parents=True, exist_ok=True)
-        self.plan.folder.mkdir(exist_ok=True)
-        store.remove_partials(self.plan.out)
-        store.remove_partials(self.plan.folder)
-        if resume:
-            before, _ = _recorded_manifest(self.plan)
-            _same_manifest(self.plan.out, before, manifest)
-            if before is not None:
-                return True
-        shutil.rmtree(self.plan.folder)
+        if resumes:
+            self.plan.folder.mkdir(exist_ok=True)
+            store.remove_partials(self.plan.folder)
+            store.remove(store.partial(self.plan.out / store.MANIFEST), *(
+                store.partial(folder / f"{name}.npy")
+                for folder in self.plan.output_folders() for name in FILES))
+            if store.read_manifest(self.plan.folder) is None:  # resumed from the outputs'
+                store.write_manifest(self.plan.folder, manifest)
+            return True
+        remove_outputs(self.plan.out, self.plan.output_folders())
         self.plan.folder.mkdir()
-        store.remove(self.plan.out / store.MANIFEST)
-        for t in self.plan.stack.outputs(0):
-            store.remove(*(self.plan.out_folder(t) / f"{name}.npy" for name in FILES))
         store.write_manifest(self.plan.folder, manifest)
         return False
 

@@ -109,8 +109,13 @@ def remove(*paths: Path) -> None:
             path.unlink()
 
 
+def is_partial(path: Path) -> bool:
+    """Whether ``path`` is named as :func:`partial` names a file being written."""
+    return path.name.startswith(".") and path.name.endswith(".partial")
+
+
 def remove_partials(folder: Path) -> None:
-    """Deletes what a killed writer left half-written in ``folder``."""
+    """Deletes what a killed writer left half-written in ``folder`` (one only predict writes)."""
     for path in folder.glob(".*.partial"):
         remove(path)
 
@@ -140,13 +145,22 @@ def node_digest(nodes: Optional[Tensor]) -> str:
 
 
 MANIFEST = "manifest.json"
+# What every manifest predict writes records (Plan.manifest): a manifest.json without them is
+# not one of its own.
+MANIFEST_FIELDS = ("model", "num_nodes", "num_edges", "widths", "hidden_dtype", "nodes",
+                   "outputs", "embeddings")
 
 
 def read_manifest(folder: Path) -> Optional[dict]:
+    """The manifest predict wrote in ``folder``, or None (none there, or a file of that name
+    that predict did not write)."""
     try:
-        return json.loads((folder / MANIFEST).read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(manifest, dict) or not all(k in manifest for k in MANIFEST_FIELDS):
+        return None
+    return manifest
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
