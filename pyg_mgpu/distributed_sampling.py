@@ -55,12 +55,16 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return _refused(e, debug)
     from pyg_mgpu.distributed.context import JobStopped, RankFailed
     from pyg_mgpu.distributed.stop import StopSignal, stopped_exit_code
+    from pyg_mgpu.distributed.watch import StoppedBeforeRanks
     from pyg_mgpu.train.job import run
 
     try:
         run(cfg)
     except (ConfigError, ValueError, OSError) as e:
         return _refused(e, debug)
+    except StoppedBeforeRanks as e:  # nothing trained: no checkpoint to name
+        print(f"\nerror: {e}", file=sys.stderr)
+        return stopped_exit_code(e.signum)
     except (JobStopped, StopSignal) as e:  # StopSignal: this process is a torchrun rank
         if not isinstance(e, StopSignal) or int(os.environ.get("RANK", 0)) == 0:
             # A new line: a rank's progress bar may have been cut off mid-line.

@@ -139,6 +139,45 @@ def test_ctrl_c_while_the_data_loads_leaves_no_empty_run_folder(tmp_path, capsys
     assert (tmp_path / "mine").is_dir()
 
 
+def test_a_refused_resume_leaves_none_of_the_folders_it_made(tmp_path, capsys):
+    # A typo in --resume: the folder and its missing parents were made for the run, then
+    # refused with them still there.
+    missing = tmp_path / "typo" / "a" / "run"
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "2", "--resume", str(missing)]) == 2
+    assert f"--resume {missing}: no checkpoint.pt there" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "new" / "deep" / "run"
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "2", "--resume", str(missing),
+                        "--out", str(out)]) == 2
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()  # a folder the user made stays
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "2", "--resume", str(missing),
+                        "--out", str(tmp_path / "mine" / "run")]) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]
+    assert list((tmp_path / "mine").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_figures_a_full_disk_refuses_are_a_warning_after_a_completed_run(tmp_path, capsys,
+                                                                        monkeypatch):
+    import errno
+
+    from pyg_mgpu.train import plots
+
+    def full_disk(path, write, mode="wb"):  # as write() fails: no file name in the error
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(plots, "atomic_write", full_disk)
+    out = tmp_path / "run"
+    assert main(TINY + ["--epochs", "1", "--devices", "cpu", "--nprocs", "2",
+                        "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and str(out / "curves.png") in warnings[0], err
+    assert "No space left on device" in warnings[0], err
+    assert "error:" not in err, err
+    assert (out / "metrics.json").is_file() and not (out / "curves.png").exists()
+
+
 def test_the_stop_line_names_only_a_run_folder_that_is_there(tmp_path):
     from pyg_mgpu.distributed_sampling import _checkpoint_note
     from pyg_mgpu.train.config import TrainConfig

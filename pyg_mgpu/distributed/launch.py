@@ -11,6 +11,7 @@ arguments' graphs and tensors once, before any rank starts.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -68,7 +69,8 @@ def _rank_entry(rank: int, fn: Callable, devices: Sequence[torch.device], init_m
 def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = (),
                  timeout_s: float = DEFAULT_TIMEOUT_S, tune_allocator: bool = True,
                  backend: str = "auto", grace_s: float = stop.DEFAULT_GRACE_S, *,
-                 skip_teardown: bool = False) -> None:
+                 skip_teardown: bool = False,
+                 signals: Optional[LauncherSignals] = None) -> None:
     """Runs ``fn(ctx, *args)`` on one spawned process per device and waits for all of them.
 
     Tensors in ``args`` that live in shared memory are mapped, not copied, by every rank.
@@ -80,7 +82,13 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     ``skip_teardown=True`` ends each rank whose ``fn`` returned without the interpreter's
     teardown of its modules (:func:`~pyg_mgpu.distributed.host.exit_without_teardown`), for a
     ``fn`` that leaves nothing to it: the package's own rank functions, not a user's.
+    ``signals``: the caller's own handlers, entered already and kept after the ranks end (the
+    CLI's launcher handles stop signals for its whole life); by default ones for the ranks'
+    lifetime.
     """
+    owned = signals is None
+    signals = LauncherSignals(grace_s) if owned else signals
+    signals.start_forwarding()  # from here a stop is the ranks' to take, not raised here
     for device in devices:  # a bad backend fails here, not in every rank
         resolve_backend(backend, device)
     init_method = f"tcp://127.0.0.1:{free_port()}"
@@ -92,7 +100,7 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
     thp_before = os.environ.get("THP_MEM_ALLOC_ENABLE")
     os.environ["THP_MEM_ALLOC_ENABLE"] = (thp_before or "1") if tune_allocator else "0"
     try:
-        with LauncherSignals(grace_s) as signals:
+        with signals if owned else contextlib.nullcontext():
             stop.start_resource_tracker()
             with stop.children_start_holding_sigint():
                 context = mp.start_processes(
@@ -104,7 +112,8 @@ def launch_local(fn: Callable, devices: Sequence[torch.device], args: tuple = ()
             if signals.signum:  # it came while the ranks were starting
                 signals.forward()
             outcome = watch_ranks(context.processes, signals)
-        raise_for(outcome, signals.signum, report_dir, grace_s)
+            signum = signals.ranks_ended()
+        raise_for(outcome, signum, report_dir, grace_s)
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
         if thp_before is None:

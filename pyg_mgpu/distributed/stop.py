@@ -4,7 +4,9 @@ Where a signal lands, and what follows:
 
 - **The launcher** (:func:`~pyg_mgpu.distributed.launch.launch_local`) forwards it to every rank,
   gives them ``grace_s`` seconds to end, then kills those still running; a second signal kills
-  them at once.
+  them at once. The CLI's launcher handles it before and after its ranks run too
+  (:class:`~pyg_mgpu.distributed.watch.LauncherSignals`): while it loads the data the signal
+  ends it at once, cleanly; once the ranks have ended, the run completes.
 - **A rank** records it. Code that opted in with :func:`graceful` (the trainer) finishes its
   step, agrees with the other ranks to stop (:class:`StopAgreement`), writes a checkpoint and
   raises :class:`StopSignal`. Other code gets :class:`StopSignal` at once, as it would get a

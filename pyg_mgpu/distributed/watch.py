@@ -22,21 +22,37 @@ LAUNCHER_GRACE_MARGIN_S = 2.0
 REPEAT_WINDOW_S = 0.5
 
 
-class LauncherSignals:
-    """The launcher's stop-signal handlers, for the time its ranks run.
+class StoppedBeforeRanks(JobStopped):
+    """A stop signal reached the launcher before it started any rank (while it loaded the data):
+    nothing trained, so there is no checkpoint to name."""
 
-    The first SIGTERM, SIGINT or SIGHUP is forwarded to every rank and starts the grace period;
-    a second one (not the first delivered again, see :data:`REPEAT_WINDOW_S`) ends the grace
-    period at once.
+
+class LauncherSignals:
+    """The launcher's stop-signal handlers (SIGTERM, SIGINT and SIGHUP, see
+    :func:`~pyg_mgpu.distributed.stop.handled_signals`), for as long as it is entered.
+
+    ``raising``: until :meth:`start_forwarding` (no rank exists yet), the first signal raises
+    :class:`StoppedBeforeRanks` where the launcher is, as Ctrl-C raises ``KeyboardInterrupt``,
+    so that its cleanup runs (a run folder made for the run, the graph's ``/dev/shm`` copy,
+    which ``finally`` blocks and exit handlers delete); later ones are only recorded, so they
+    cannot cut that cleanup short.
+
+    Forwarding (from the start without ``raising``): the first signal is forwarded to every rank
+    and starts the grace period; a second one (not the first delivered again, see
+    :data:`REPEAT_WINDOW_S`) ends the grace period at once. Once the ranks have ended
+    (:meth:`ranks_ended`), a signal finds none to stop: it is recorded for the caller
+    (:meth:`after_ranks`), which finishes its work and says so.
     """
 
-    def __init__(self, grace_s: float):
+    def __init__(self, grace_s: float, *, raising: bool = False):
         self.grace_s = grace_s
+        self.raising = raising
         self.signum = 0
         self.signalled_at: Optional[float] = None
         self.deadline: Optional[float] = None
         self.processes: list = []
         self._previous: dict = {}
+        self._answered: Optional[int] = None  # the signal the ranks' outcome answered for
 
     def __enter__(self) -> "LauncherSignals":
         # Python runs handlers in the main thread only; spawn() called from another thread
@@ -49,6 +65,7 @@ class LauncherSignals:
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        self._previous.clear()
 
     def _on_signal(self, signum: int, frame) -> None:
         now = time.monotonic()
@@ -60,13 +77,29 @@ class LauncherSignals:
         # Each rank's own watchdog ends it after grace_s; this is the backstop for a rank whose
         # watchdog cannot run (a C call that never releases the GIL).
         self.deadline = now + self.grace_s + LAUNCHER_GRACE_MARGIN_S
+        if self.raising:
+            raise StoppedBeforeRanks(signum)
         self.forward()
+
+    def start_forwarding(self) -> None:
+        """From here on the ranks start: a signal is forwarded to them, not raised here."""
+        self.raising = False
 
     def forward(self) -> None:
         for process in self.processes:
             if process.exitcode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, self.signum)
+
+    def ranks_ended(self) -> int:
+        """The stop signal that the ranks' outcome answers for (0: none); one that comes later
+        is the caller's to report (:meth:`after_ranks`)."""
+        self._answered = self.signum
+        return self._answered
+
+    def after_ranks(self) -> int:
+        """A stop signal that came after every rank had ended (0: none)."""
+        return self.signum if self._answered == 0 else 0
 
 
 class Outcome:
@@ -172,9 +205,7 @@ def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
               or next(iter(overdue.values()), 0))
     if signum:
         if len(done_reports(report_dir)) == len(outcome.exit_codes):
-            # The signal came as the ranks finished: the job did all its work.
-            print(f"pyg_mgpu: {stop.signal_name(signum)} arrived as the ranks finished; the "
-                  "job completed", file=sys.stderr, flush=True)
+            report_completed(signum)  # the signal came as the ranks finished
             return
         waited = grace_s if outcome.waited_s is None else min(grace_s, outcome.waited_s)
         raise JobStopped(signum, sorted(set(outcome.killed_after_grace) | set(overdue)),
@@ -185,6 +216,12 @@ def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
     if code < 0:
         raise RankFailed(_killed_message(index, code))
     raise RankFailed(f"rank {index} exited with code {code}")
+
+
+def report_completed(signum: int) -> None:
+    """Says that a stop signal came too late to stop anything: the job did all its work."""
+    print(f"pyg_mgpu: {stop.signal_name(signum)} arrived as the ranks finished; the job "
+          "completed", file=sys.stderr, flush=True)
 
 
 def _killed_message(index: int, code: int) -> str:

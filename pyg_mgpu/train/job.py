@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -29,32 +29,50 @@ from pyg_mgpu.train.checkpoint import CHECKPOINT, check_resumable, check_resume_
 from pyg_mgpu.train.config import ConfigError, TrainConfig
 from pyg_mgpu.train.dataset import load_checked, run_header
 
+if TYPE_CHECKING:
+    from pyg_mgpu.distributed.watch import LauncherSignals
+
 
 def make_out_dir(out: Optional[str]) -> Path:
     """``--out``, created and checked writable; without it a new ``runs/<timestamp>`` (with a
     suffix when a run started in the same second has it)."""
-    return _make_out_dir(out)[0]
+    return _make_out_dir(out, made=[])
 
 
-def _make_out_dir(out: Optional[str]) -> tuple[Path, bool]:
-    """:func:`make_out_dir`, and whether this call's own ``mkdir`` created the folder (another
-    run may create the same ``--out`` at once: only one ``mkdir`` succeeds)."""
+def _make_out_dir(out: Optional[str], made: list[Path]) -> Path:
+    """:func:`make_out_dir`, appending to ``made`` each folder this call's own ``mkdir``
+    created, parents first (another run may create the same folders at once: only one
+    ``mkdir`` succeeds), as it creates it: an interruption leaves none unlisted."""
     path = Path(out) if out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     try:
         if out:
-            try:
-                path.mkdir(parents=True)
-                created = True
-            except FileExistsError:
-                if not path.is_dir():
-                    raise
-                created = False
+            _make_folders(path, made)
         else:
-            path, created = _new_folder(path), True
+            path = _new_folder(path)
+            made.append(path)
         check_writable(path)
     except OSError as e:
         raise ConfigError(cannot_write(path, e))
-    return path, created
+    return path
+
+
+def _make_folders(path: Path, made: list[Path]) -> None:
+    """``mkdir -p path``, one folder at a time, each one created here listed in ``made``; an
+    ``OSError`` as ``mkdir`` has it (a file in the way: ``FileExistsError`` or
+    ``NotADirectoryError``)."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing or [path]):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            continue
+        made.append(folder)
 
 
 def _new_folder(path: Path) -> Path:
@@ -72,7 +90,14 @@ def _new_folder(path: Path) -> Path:
 
 def run(cfg: TrainConfig) -> Path:
     """Loads the data once, shares it, starts the ranks (or, under torchrun, runs as one);
-    returns the output folder."""
+    returns the output folder.
+
+    Raises:
+        StoppedBeforeRanks: a stop signal came before any rank started (see
+            :class:`~pyg_mgpu.distributed.watch.LauncherSignals`).
+        JobStopped: a stop signal ended the ranks before they finished.
+        RankFailed: a rank failed.
+    """
     resolve_sampler(cfg.training.sampler)
     check_resume_names_a_folder(cfg.faults.resume)
     cfg.data.make_paths_absolute()  # as recorded: predict may start in another folder
@@ -81,17 +106,35 @@ def run(cfg: TrainConfig) -> Path:
         cfg.faults.resume = cfg.outputs.out if restarted else None
     if launched_by_torchrun():  # rank 0 makes and claims the folder, in the process group
         return _start(cfg, None)
+    from pyg_mgpu.distributed.watch import LauncherSignals, report_completed
     from pyg_mgpu.train.run_folder import claim_run_folder
 
-    out, created = _make_out_dir(cfg.outputs.out or cfg.faults.resume)
-    cfg.outputs.out = str(out)  # the folder chosen is the one recorded
-    with claim_run_folder(out, resume=cfg.faults.resume, overwrite=cfg.outputs.overwrite):
+    # Stop signals are handled from before the folder is made until the figures are drawn.
+    # Before the ranks start, one raises here, so that the cleanup below runs and the graph's
+    # /dev/shm copy is deleted (by its finalizer) rather than left by a killed process; while
+    # they run it is theirs (launch_local); after they ended the run is complete, and it is
+    # only reported.
+    made: list[Path] = []  # the folders made for this run, removed again where left empty
+    with LauncherSignals(cfg.faults.grace_s, raising=True) as signals:
         try:
-            return _start(cfg, out)
-        except BaseException:  # refused, stopped or failed: no empty run folder left behind
-            if created:
-                _remove_if_unused(out)  # under the lock: no other run holds it
+            out = _make_out_dir(cfg.outputs.out or cfg.faults.resume, made)
+            cfg.outputs.out = str(out)  # the folder chosen is the one recorded
+            with claim_run_folder(out, resume=cfg.faults.resume,
+                                  overwrite=cfg.outputs.overwrite):
+                try:
+                    _start(cfg, out, signals)
+                except BaseException:  # refused, stopped or failed: no empty run folder left
+                    if out in made:
+                        _remove_if_unused(out)  # under the lock: no other run holds it
+                    raise
+                _draw_figures(out)
+        except BaseException:
+            _remove_empty(made)  # the parents made for the run folder, empty once it went
             raise
+        late = signals.after_ranks()
+        if late:  # it came while the figures were drawn: nothing was left to stop
+            report_completed(late)
+    return out
 
 
 def _remove_if_unused(out: Path) -> None:
@@ -105,6 +148,15 @@ def _remove_if_unused(out: Path) -> None:
         return
     if unused:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Deletes each of ``folders`` (parents first in the list) that is empty, deepest first."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:  # gone, or holding something: another run's, or this run's outputs
+            pass
 
 
 def _resolve_devices(cfg: TrainConfig, torchrun: bool) -> list[torch.device]:
@@ -130,8 +182,10 @@ def _train_rank(ctx, *args) -> None:
     run_training(ctx, *args)
 
 
-def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
-    """The run in a claimed ``out``; under torchrun (``out`` None) as one rank of the job."""
+def _start(cfg: TrainConfig, out: Optional[Path],
+           signals: Optional[LauncherSignals] = None) -> Path:
+    """The run in a claimed ``out``; under torchrun (``out`` None) as one rank of the job.
+    ``signals``: the launcher's handlers, kept after its ranks end."""
     from pyg_mgpu.distributed.host import release_free_heap, usable_cores
     from pyg_mgpu.distributed.launch import launch_local
     from pyg_mgpu.train.run_folder import start_afresh
@@ -159,8 +213,13 @@ def _start(cfg: TrainConfig, out: Optional[Path]) -> Path:
                                               "data_fingerprint": fingerprint}),
                  timeout_s=cfg.ranks.timeout_s, backend=cfg.ranks.backend,
                  grace_s=cfg.faults.grace_s, tune_allocator=cfg.model.recipe == "pyg_mgpu",
-                 skip_teardown=True)
-    from pyg_mgpu.train.plots import plot_run  # matplotlib: 0.5 s the ranks need not wait for
-
-    plot_run(out)
+                 skip_teardown=True, signals=signals)
     return out
+
+
+def _draw_figures(out: Path) -> None:
+    """The run's figures, once its ranks have written ``metrics.json``."""
+    # matplotlib: 0.5 s the ranks need not wait for
+    from pyg_mgpu.train.plots import plot_completed_run
+
+    plot_completed_run(out)

@@ -4,6 +4,7 @@ needs a display and importing this module changes no global matplotlib state.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,9 +21,35 @@ def series(metrics: dict, key: str) -> tuple[list[int], list[float]]:
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
+    """Writes ``fig`` to ``path`` as a PNG.
+
+    Raises:
+        OSError: naming ``path`` (a failed write or sync, a full disk, names no file itself).
+    """
     FigureCanvasAgg(fig)  # attaches the Agg canvas: PNG rendering without a display
     fig.tight_layout()
-    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    try:
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+
+
+def plot_completed_run(run_dir: Path) -> list[Path]:
+    """:func:`plot_run` for a run whose outputs are complete: a figure that cannot be written
+    (a full disk) is a ``warning:`` line naming it and why, not a failure of the run.
+
+    Returns:
+        The paths written (none after such a failure).
+    """
+    try:
+        return plot_run(run_dir)
+    except OSError as e:
+        print(f"warning: {e.filename or run_dir} was not written ({e.strerror or e}); the run "
+              f"completed, and its other outputs are in {run_dir}.", file=sys.stderr,
+              flush=True)
+        return []
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -40,6 +67,7 @@ def plot_run(run_dir: Path) -> list[Path]:
 
     Raises:
         ~pyg_mgpu.train.metrics.RunError: ``run_dir`` holds no usable ``metrics.json``.
+        OSError: a figure could not be written (the error names its file).
     """
     run_dir = Path(run_dir)
     metrics = load_metrics(run_dir)
