@@ -45,6 +45,25 @@ def test_trimmed_seed_outputs_and_gradients_equal_untrimmed(name, fanout):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("name, norm", [("gin", "batch"), ("gcn", "batch"), ("gin", "layer"),
+                                        ("gat", "none"), ("sage", None)])
+def test_training_trims_only_where_the_seeds_get_what_the_untrimmed_model_gives(name, norm):
+    # BatchNorm in training normalises with the statistics of the rows it is given: trimmed,
+    # the seeds' outputs differ (by 0.5 and more here), so such a model trains untrimmed.
+    from pyg_mgpu.train.loop import trains_trimmed_exactly
+    g, batch = sampled_batch([4, 4, 4])
+    torch.manual_seed(0)
+    options = {} if norm is None else {"norm": norm}
+    model = build_model(name, 16, 32, g.num_classes, 3, dropout=0.0, heads=4,
+                        **options).train()
+    full = model(batch.x, batch.edge_index)[:batch.batch_size]
+    trimmed = model(batch.x, batch.edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                    num_sampled_edges_per_hop=batch.num_sampled_edges)[:batch.batch_size]
+    exact = torch.allclose(trimmed, full, rtol=1e-5, atol=1e-5)
+    assert trains_trimmed_exactly(model) == exact == (norm != "batch")
+
+
 def test_gcn_is_pygs_gcn_untrimmed_and_layerwise():
     # Our GCN only moves the normalization out of the layers: same parameters, same outputs,
     # also through PyG's layer-wise inference (which calls the layers directly).

@@ -8,7 +8,9 @@ Given the per-hop counts of a sampled batch, each layer runs only on the nodes a
 next layer still needs (PyG's ``trim_to_layer``), and the seeds' outputs equal the untrimmed
 model's (``tests/test_models.py``). That holds for SAGE, GAT and GIN as PyG builds them: each
 output row depends only on the node's own in-edges, and trimming keeps all of those for every
-row a later layer reads. GCN needs one change, see :class:`GCN`.
+row a later layer reads. GCN needs one change, see :class:`GCN`. BatchNorm in training mode
+is the exception: it normalises with the statistics of every row it is given, so the CLI
+trains a model with ``--norm batch`` untrimmed (its evaluation, on running statistics, trims).
 """
 from __future__ import annotations
 

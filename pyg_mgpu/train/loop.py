@@ -198,6 +198,15 @@ StepHook = Callable[[int, "EpochTotals", Any], None]
 state before the next batch was drawn (for a checkpoint); it may raise to end the epoch."""
 
 
+def trains_trimmed_exactly(model: torch.nn.Module) -> bool:
+    """Whether trimming each layer to the rows that reach a seed leaves training's seed outputs
+    and gradients as they are: not with BatchNorm, which in training normalises with the
+    statistics of every row it is given (in evaluation it uses its running statistics, and
+    trimming is exact)."""
+    return not any(isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+                   for module in model.modules())
+
+
 def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
                 ctx: RankContext, timer: StageTimer, epoch: int,
                 cfg: TrainConfig, grad_sync: Optional[GradSync] = None,
@@ -219,6 +228,7 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
     ddp.train()
     totals = totals or EpochTotals(ctx.device)
     check_equal_steps(len(loader), ctx)
+    trim = cfg.model.recipe == "pyg_mgpu" and trains_trimmed_exactly(ddp)
     # The sampler's state before each batch is drawn: a checkpoint after a step records the one
     # before the batch already drawn ahead of it, which the resumed run draws again.
     generator = getattr(loader.node_sampler, "generator", None)
@@ -244,7 +254,7 @@ def train_epoch(ddp: torch.nn.Module, optimizer: torch.optim.Optimizer, loader,
             y = seeds.y[:seeds.batch_size]
             if graphed is None:
                 optimizer.zero_grad(set_to_none=True)
-                out = seed_logits(ddp, batch, trim=cfg.model.recipe == "pyg_mgpu",
+                out = seed_logits(ddp, batch, trim=trim,
                                   amp=cfg.performance.amp == "bf16", feature_table=feature_table)
                 loss = F.cross_entropy(out, y)
                 timer.lap("forward")
