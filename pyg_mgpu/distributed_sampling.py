@@ -107,7 +107,8 @@ def _checkpoint_note(cfg) -> str:
         ckpt = torch.load(path, weights_only=False, mmap=True, map_location="cpu")
     except Exception:  # none yet (stopped in its first epoch), or unreadable
         return f"no checkpoint in {run_dir} (the job stopped before writing one)"
-    return f"checkpoint {path} ({describe(ckpt)}); continue with --resume {run_dir}"
+    return (f"checkpoint {path} ({describe(ckpt)}); continue with the same command and "
+            f"--resume {run_dir}")
 
 
 if __name__ == "__main__":

@@ -177,6 +177,6 @@ def run_torchrun_rank(cfg: TrainConfig, make_out: Callable[[], Path], device: to
                                                      "launcher": "torchrun",
                                                      "data_fingerprint": fingerprint})
         if ctx.is_main:
-            from pyg_mgpu.train.plots import plot_run
-            plot_run(out)
+            from pyg_mgpu.train.plots import plot_completed_run
+            plot_completed_run(out)
     return out
