@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -76,7 +77,21 @@ def _umask() -> int:
 
 
 def save_json(obj: Any, path: Path) -> Path:
-    return atomic_write(path, lambda f: json.dump(obj, f, indent=2), mode="w")
+    """``obj`` as JSON in ``path``, atomically, every non-finite float (a diverged run's NaN
+    loss) written as ``null``: JSON has no NaN or infinity, and strict readers (``jq``,
+    JavaScript's ``JSON.parse``) refuse the ``NaN`` Python's ``json`` writes by default."""
+    return atomic_write(path, lambda f: json.dump(_finite(obj), f, indent=2, allow_nan=False),
+                        mode="w")
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj
 
 
 def save_text(text: str, path: Path) -> Path:

@@ -86,6 +86,19 @@ def test_a_collapsed_run_is_reported(tmp_path, capfd):
     assert sources["lr"] == sources["norm"] == "flag" and sources["dropout"] == "recipe"
 
 
+
+def test_a_nan_loss_is_written_as_json_null(tmp_path):
+    # Python's json writes NaN, which is not JSON: jq and JSON.parse refuse the whole file.
+    from pyg_mgpu.files import save_json
+    save_json({"epochs": [{"epoch": 1, "train_loss": float("nan")},
+                          {"epoch": 2, "train_loss": (float("inf"), 0.5)}]},
+              tmp_path / "metrics.json")
+    strict = json.loads((tmp_path / "metrics.json").read_text(),
+                        parse_constant=lambda name: pytest.fail(f"{name} written"))
+    assert strict["epochs"] == [{"epoch": 1, "train_loss": None},
+                                {"epoch": 2, "train_loss": [None, 0.5]}]
+
+
 @pytest.mark.parametrize("flags, message", [
     ({"seed": 2 ** 43}, "--seed must lie between -2**43 and 2**43"),
     ({"seed": -2 ** 43}, "--seed must lie between -2**43 and 2**43"),
