@@ -72,13 +72,30 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return stopped_exit_code(e.signum)
     except KeyboardInterrupt:
         raise  # main() reports it
-    except Exception as e:  # a rank failed: RankFailed carries its traceback already
-        if debug or not isinstance(e, RankFailed):
+    except Exception as e:
+        if debug:
             traceback.print_exc()
-        else:
+        elif isinstance(e, RankFailed):  # it carries the rank's traceback already
             print(f"\nerror: {e}", file=sys.stderr)
+        elif not _out_of_memory(e):
+            traceback.print_exc()
+        else:  # the launcher's own allocation, loading or converting the graph
+            sys.stderr.write(f"error: out of memory before any rank started, loading the graph "
+                             f"({_last_line(e)}); choose a smaller graph (--num-nodes, "
+                             "--num-edges, --num-features), or run where more memory is free.\n")
         return 1
     return 0
+
+
+def _out_of_memory(error: Exception) -> bool:
+    """Whether an allocation of the launcher's own failed (torch's CPU allocator raises a
+    ``RuntimeError`` saying so; a rank's failure arrives as ``RankFailed``)."""
+    return isinstance(error, MemoryError) or "can't allocate memory" in str(error)
+
+
+def _last_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else type(error).__name__
 
 
 def _refused(error: Exception, debug: bool) -> int:

@@ -48,6 +48,17 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+
+def test_a_graph_too_large_for_memory_is_one_line(tmp_path, capsys):
+    # 8e17 bytes of features: beyond any address space, so refused whatever the overcommit
+    # policy. It was a 40-line traceback from the launcher.
+    assert main(["--num-nodes", str(10 ** 17), "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: out of memory before any rank started") and \
+        "choose a smaller graph (--num-nodes" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_overwrite_with_a_resume_of_the_same_folder_is_refused(tmp_path, capsys):
     from pyg_mgpu.train.config import TrainConfig
     for out in ([], ["--out", str(tmp_path / "." / "")]):
