@@ -80,17 +80,18 @@ def save_json(obj: Any, path: Path) -> Path:
     """``obj`` as JSON in ``path``, atomically, every non-finite float (a diverged run's NaN
     loss) written as ``null``: JSON has no NaN or infinity, and strict readers (``jq``,
     JavaScript's ``JSON.parse``) refuse the ``NaN`` Python's ``json`` writes by default."""
-    return atomic_write(path, lambda f: json.dump(_finite(obj), f, indent=2, allow_nan=False),
+    return atomic_write(path, lambda f: json.dump(finite_json(obj), f, indent=2, allow_nan=False),
                         mode="w")
 
 
-def _finite(obj: Any) -> Any:
+def finite_json(obj: Any) -> Any:
+    """``obj`` as :func:`save_json` writes it: every non-finite float ``None``, tuples lists."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {key: _finite(value) for key, value in obj.items()}
+        return {key: finite_json(value) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(value) for value in obj]
+        return [finite_json(value) for value in obj]
     return obj
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.distributed.host import exit_without_teardown
-from pyg_mgpu.files import check_writable
+from pyg_mgpu.files import check_writable, finite_json
 from pyg_mgpu.tools.cli import Parser, stopped_at_start_is_one_line
 
 # torch and the package's layers are imported inside the functions, as the training CLI does.
@@ -162,11 +162,13 @@ def check_same_run(run_dir: Path, metrics: dict, ckpt: dict) -> None:
 
 def _same_epochs(listed, recorded) -> bool:
     """Whether ``metrics.json``'s epochs and a checkpoint's history are of one run: one
-    begins the other (compared as JSON text, so that a NaN loss equals itself)."""
+    begins the other. Both are compared as ``metrics.json`` holds them (:func:`finite_json`:
+    a NaN loss is ``null`` there and ``nan`` in the checkpoint)."""
     if not isinstance(listed, list) or not isinstance(recorded, list):
         return True  # nothing to compare
     n = min(len(listed), len(recorded))
-    return all(json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    return all(json.dumps(finite_json(a), sort_keys=True) ==
+               json.dumps(finite_json(b), sort_keys=True)
                for a, b in zip(listed[:n], recorded[:n]))
 
 

@@ -51,7 +51,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
 
 def test_a_graph_too_large_for_memory_is_one_line(tmp_path, capsys):
     # 8e17 bytes of features: beyond any address space, so refused whatever the overcommit
-    # policy. It was a 40-line traceback from the launcher.
+    # policy; the launcher's failed allocation is one line, not a traceback.
     assert main(["--num-nodes", str(10 ** 17), "--out", str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: out of memory before any rank started") and \

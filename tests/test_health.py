@@ -107,7 +107,7 @@ def test_a_nan_loss_is_written_as_json_null(tmp_path):
     ({"split_fractions": "0.5,nan,0.2"}, "--split-fractions takes three positive shares"),
 ])
 def test_numbers_that_would_fail_inside_the_ranks_are_refused_naming_the_flag(flags, message):
-    # Each passed before, then failed in a rank with a traceback (the epochs' permutation seed
+    # Accepted, each would fail inside a rank with a traceback (the epochs' permutation seed
     # overflowing int64, torch's millisecond timeout) or with an error naming no flag (NaN).
     with pytest.raises(ConfigError, match=message.replace("*", r"\*").replace("+", r"\+")):
         TrainConfig.from_flags(**flags)

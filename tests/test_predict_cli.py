@@ -12,6 +12,7 @@ import torch
 
 import pyg_mgpu
 from pyg_mgpu.distributed_sampling import main as train
+from pyg_mgpu.files import save_json
 from pyg_mgpu.nn.sage import GraphSAGE
 from pyg_mgpu.predict import main
 
@@ -200,8 +201,9 @@ def test_a_run_folder_with_files_of_two_runs_is_refused(tmp_path):
     config = TrainConfig().to_dict()
     epochs = [{"epoch": 1, "train_loss": float("nan"), "val_acc": 0.5, "epoch_time_s": 0.1},
               {"epoch": 2, "train_loss": 1.2, "val_acc": 0.6, "epoch_time_s": 0.1}]
-    (tmp_path / "metrics.json").write_text(json.dumps(
-        {"config": config, "data_fingerprint": "a" * 32, "epochs": epochs}))
+    # As the trainer writes it: the NaN loss is null there, and nan in the checkpoint.
+    save_json({"config": config, "data_fingerprint": "a" * 32, "epochs": epochs},
+              tmp_path / "metrics.json")
 
     def checkpoint(history, fingerprint="a" * 32, **changed):
         torch.save({"config": {**config, **changed}, "data_fingerprint": fingerprint,

@@ -103,9 +103,9 @@ def on_rank0_alone(ctx: RankContext, work: Callable[[], T]) -> Optional[T]:
     there, None on the others.
 
     A collective waits at most the group's timeout (``--timeout``), which the steps' exchanges
-    need short, so a rank left waiting in one while rank 0 worked alone for longer (PyG's own
-    whole-graph inference of a large graph) ended a finished run. The others wait instead in a
-    barrier of a gloo group of the ranks' own, whose timeout is :data:`ALONE_TIMEOUT`.
+    need short: a rank left waiting in one while rank 0 works alone for longer (PyG's own
+    whole-graph inference of a large graph) would fail a finished run. The others wait instead
+    in a barrier of a gloo group of the ranks' own, whose timeout is :data:`ALONE_TIMEOUT`.
     """
     group = dist.new_group(backend="gloo", timeout=ALONE_TIMEOUT)
     try:
