@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyg_mgpu.distributed.host import exit_without_teardown
-from pyg_mgpu.files import check_writable, finite_json
+from pyg_mgpu.files import check_writable
 from pyg_mgpu.tools.cli import Parser, stopped_at_start_is_one_line
 
 # torch and the package's layers are imported inside the functions, as the training CLI does.
@@ -89,7 +89,8 @@ def read_run(run_dir: Path, trusted: bool = True) -> tuple[dict, dict]:
 
     Raises:
         ValueError: for a folder with no configuration, or whose ``metrics.json`` and
-            ``checkpoint.pt`` are of two runs (see :func:`check_same_run`).
+            ``checkpoint.pt`` are of two runs (see
+            :func:`~pyg_mgpu.train.run_folder.check_same_run`).
     """
     import torch
     if not run_dir.is_dir():
@@ -114,6 +115,7 @@ def read_run(run_dir: Path, trusted: bool = True) -> tuple[dict, dict]:
             ckpt = None
     if metrics is not None:
         if ckpt is not None:
+            from pyg_mgpu.train.run_folder import check_same_run
             check_same_run(run_dir, metrics, ckpt)
         return metrics, metrics["config"]
     if ckpt is not None:
@@ -121,55 +123,6 @@ def read_run(run_dir: Path, trusted: bool = True) -> tuple[dict, dict]:
     raise ValueError(f"{run_dir}: no configuration (metrics.json with a config, or "
                      "checkpoint.pt); pass the --out folder of a python -m "
                      "pyg_mgpu.distributed_sampling run.")
-
-
-def check_same_run(run_dir: Path, metrics: dict, ckpt: dict) -> None:
-    """Refuses a run folder whose ``metrics.json`` and ``checkpoint.pt`` are of two runs.
-
-    A run started afresh in the folder of a finished one (``--overwrite``) and stopped before
-    its end has replaced ``checkpoint.pt`` (and ``best.pt``, once it validated), while
-    ``metrics.json`` is still the earlier run's: its config would rebuild the earlier run's
-    model and data around the later run's weights. One run's files agree on the settings a
-    resumed run must share (``RESUME_MUST_MATCH``), on the data's fingerprint, and on their
-    epochs: those the checkpoint recorded begin those ``metrics.json`` lists, or (a run resumed
-    in its folder and stopped again) the other way round. Which run ``best.pt`` is of cannot
-    be told for certain, so neither is chosen.
-
-    Raises:
-        ValueError: naming what differs and what to do.
-    """
-    from pyg_mgpu.train.config import TrainConfig
-    before, after = metrics["config"], ckpt["config"]
-    differ = [f"{key} ({before[key]!r} in metrics.json, {after[key]!r} in checkpoint.pt)"
-              for key in TrainConfig.RESUME_MUST_MATCH
-              if key in before and key in after and before[key] != after[key]
-              # a file's path, which a resume may spell otherwise: the fingerprint compares it
-              and not (key == "dataset" and str(before[key]).endswith(".npz"))]
-    if (metrics.get("data_fingerprint") and ckpt.get("data_fingerprint")
-            and metrics["data_fingerprint"] != ckpt["data_fingerprint"]):
-        differ.append("the data's fingerprint")
-    if not differ and not _same_epochs(metrics.get("epochs"), ckpt.get("history")):
-        differ.append("their epochs (the same settings, trained again)")
-    if differ:
-        raise ValueError(
-            f"{run_dir} holds files of two runs: metrics.json is of a run that finished, "
-            "checkpoint.pt (and best.pt, once it validated) of another started there since "
-            f"(with --overwrite) that did not finish; they differ in {'; '.join(differ)}. "
-            f"Finish that run (python -m pyg_mgpu.distributed_sampling --resume {run_dir} "
-            "with its flags), or move the files of the run to predict with into a folder of "
-            "their own.")
-
-
-def _same_epochs(listed, recorded) -> bool:
-    """Whether ``metrics.json``'s epochs and a checkpoint's history are of one run: one
-    begins the other. Both are compared as ``metrics.json`` holds them (:func:`finite_json`:
-    a NaN loss is ``null`` there and ``nan`` in the checkpoint)."""
-    if not isinstance(listed, list) or not isinstance(recorded, list):
-        return True  # nothing to compare
-    n = min(len(listed), len(recorded))
-    return all(json.dumps(finite_json(a), sort_keys=True) ==
-               json.dumps(finite_json(b), sort_keys=True)
-               for a, b in zip(listed[:n], recorded[:n]))
 
 
 def _load(path: Path, torch, weights_only: bool = False):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
 import socket
@@ -26,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from pyg_mgpu.files import remove_partial_writes, same_folder
+from pyg_mgpu.files import finite_json, remove_partial_writes, same_folder
 from pyg_mgpu.train.checkpoint import CHECKPOINT, describe, not_a_checkpoint
+from pyg_mgpu.train.config import TrainConfig
 
 LOCK = ".lock"
 # A process killed a moment ago holds its locks until the kernel has torn it down, and freeing
@@ -202,3 +204,51 @@ def hold_run_folder(out: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def check_same_run(run_dir: Path, metrics: dict, ckpt: dict) -> None:
+    """Refuses a run folder whose ``metrics.json`` and ``checkpoint.pt`` are of two runs.
+
+    A run started afresh in the folder of a finished one (``--overwrite``) and stopped before
+    its end has replaced ``checkpoint.pt`` (and ``best.pt``, once it validated), while
+    ``metrics.json`` is still the earlier run's: its config would rebuild the earlier run's
+    model and data around the later run's weights. One run's files agree on the settings a
+    resumed run must share (``RESUME_MUST_MATCH``), on the data's fingerprint, and on their
+    epochs: those the checkpoint recorded begin those ``metrics.json`` lists, or (a run resumed
+    in its folder and stopped again) the other way round. Which run ``best.pt`` is of cannot
+    be told for certain, so neither is chosen.
+
+    Raises:
+        ValueError: naming what differs and what to do.
+    """
+    before, after = metrics["config"], ckpt["config"]
+    differ = [f"{key} ({before[key]!r} in metrics.json, {after[key]!r} in checkpoint.pt)"
+              for key in TrainConfig.RESUME_MUST_MATCH
+              if key in before and key in after and before[key] != after[key]
+              # a file's path, which a resume may spell otherwise: the fingerprint compares it
+              and not (key == "dataset" and str(before[key]).endswith(".npz"))]
+    if (metrics.get("data_fingerprint") and ckpt.get("data_fingerprint")
+            and metrics["data_fingerprint"] != ckpt["data_fingerprint"]):
+        differ.append("the data's fingerprint")
+    if not differ and not _same_epochs(metrics.get("epochs"), ckpt.get("history")):
+        differ.append("their epochs (the same settings, trained again)")
+    if differ:
+        raise ValueError(
+            f"{run_dir} holds files of two runs: metrics.json is of a run that finished, "
+            "checkpoint.pt (and best.pt, once it validated) of another started there since "
+            f"(with --overwrite) that did not finish; they differ in {'; '.join(differ)}. "
+            f"Finish that run (python -m pyg_mgpu.distributed_sampling --resume {run_dir} "
+            "with its flags), or move the files of the run to predict with into a folder of "
+            "their own.")
+
+
+def _same_epochs(listed, recorded) -> bool:
+    """Whether ``metrics.json``'s epochs and a checkpoint's history are of one run: one
+    begins the other. Both are compared as ``metrics.json`` holds them (:func:`finite_json`:
+    a NaN loss is ``null`` there and ``nan`` in the checkpoint)."""
+    if not isinstance(listed, list) or not isinstance(recorded, list):
+        return True  # nothing to compare
+    n = min(len(listed), len(recorded))
+    return all(json.dumps(finite_json(a), sort_keys=True) ==
+               json.dumps(finite_json(b), sort_keys=True)
+               for a, b in zip(listed[:n], recorded[:n]))
