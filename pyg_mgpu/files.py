@@ -8,10 +8,12 @@ were killed before their rename.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -108,3 +110,27 @@ def check_writable(folder: Path) -> None:
 def cannot_write(out: Path, error: OSError) -> str:
     """The one-line refusal of an output folder the commands cannot create or write into."""
     return f"--out {out}: cannot write there ({error.strerror}); choose a writable folder."
+
+
+def wait_for_lock(fd: int, kind: int, wait_s: float = math.inf, poll_s: float = 0.1,
+                  waiting: Callable[[], None] = lambda: None) -> bool:
+    """Takes the ``flock`` ``kind`` on ``fd``, polling rather than blocking so that a stop
+    signal ends the wait; ``waiting`` is called when the first try finds it held. Returns False
+    where it is still held after ``wait_s``.
+
+    Raises:
+        OSError: the filesystem takes no locks (``ENOLCK``, ``EOPNOTSUPP`` and the like).
+    """
+    deadline = time.monotonic() + wait_s
+    first = True
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            if first:
+                waiting()
+                first = False
+            time.sleep(poll_s)

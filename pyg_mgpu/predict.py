@@ -204,15 +204,14 @@ def _needed_bytes(num_nodes: int, num_out: int, widths: list[int], outputs: list
 def refuse_outputs(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuses an ``--out`` holding predictions already, or files at their names, without
     ``--overwrite`` (or ``--resume`` of a stopped job there): what the library would refuse."""
-    from pyg_mgpu.inference.outputs import in_the_way
+    from pyg_mgpu.inference.outputs import in_the_way, listed
     found = in_the_way(out, resume=resume, overwrite=overwrite)
     if (out / "predictions.json").exists() and not (resume or overwrite):
         found.append("predictions.json")
     if found:
-        listed = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-        raise ValueError(f"--out {out} holds predictions already ({listed}); pass --overwrite "
-                         "to replace them, --resume to continue a stopped run, or another "
-                         "--out.")
+        raise ValueError(f"--out {out} holds predictions already ({listed(found)}); pass "
+                         "--overwrite to replace them, --resume to continue a stopped run, or "
+                         "another --out.")
 
 
 def prepare_out(out: Path, overwrite: bool, needed: int) -> None:

@@ -1,5 +1,6 @@
 """The command line: one-line errors for bad input, and complete outputs for a real run."""
 import csv
+import fcntl
 import json
 import os
 import subprocess
@@ -148,6 +149,40 @@ def test_ctrl_c_while_the_data_loads_leaves_no_empty_run_folder(tmp_path, capsys
     (tmp_path / "mine").mkdir()  # a folder the user made stays
     assert main(TINY + ["--devices", "cpu", "--nprocs", "2", "--out", "mine"]) == 130
     assert (tmp_path / "mine").is_dir()
+
+
+def test_ctrl_c_while_the_run_folder_is_claimed_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    # The signal lands inside the claim, once its lock file exists: the folder made for the run
+    # holds nothing but that lock, and goes with its parents.
+    from pyg_mgpu.train import run_folder
+
+    def interrupted(fd, *args, **kwargs):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run_folder, "_lock", interrupted)
+    out = tmp_path / "new" / "run"
+    assert main(TINY + ["--devices", "cpu", "--nprocs", "2", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.split() == "error: stopped by SIGINT".split()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unused_run_folder_is_removed_only_where_no_run_holds_it(tmp_path):
+    from pyg_mgpu.train.run_folder import LOCK, remove_if_unclaimed
+
+    held, kept, empty = tmp_path / "held", tmp_path / "kept", tmp_path / "empty"
+    for folder in (held, kept, empty):
+        folder.mkdir()
+    for folder in (held, kept):
+        (folder / LOCK).write_text("pid 1 on host since now\n")
+    (kept / "checkpoint.pt").write_bytes(b"")
+    with open(held / LOCK) as f:
+        fcntl.flock(f, fcntl.LOCK_SH)  # a run that claimed it and has written nothing yet
+        for folder in (held, kept, empty):
+            remove_if_unclaimed(folder)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["held", "kept"]
+    remove_if_unclaimed(held)  # its run has ended
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert sorted(p.name for p in kept.iterdir()) == [LOCK, "checkpoint.pt"]
 
 
 def test_a_refused_resume_leaves_none_of_the_folders_it_made(tmp_path, capsys):

@@ -69,6 +69,11 @@ def in_the_way(out: Union[str, Path], *, resume: bool, overwrite: bool) -> list[
     return existing_outputs(out)
 
 
+def listed(found: list[str], most: int = 4) -> str:
+    """``found`` (:func:`in_the_way`'s paths) for a refusal: the first ``most``, then ``...``."""
+    return ", ".join(found[:most]) + (", ..." if len(found) > most else "")
+
+
 def check_layers_folder(out: Path) -> None:
     """Refuses an ``out/layers`` that predict did not write: it keeps its hidden layers there,
     and deletes the folder when done. Its own holds a manifest (or, just created, no more than

@@ -33,7 +33,7 @@ from pyg_mgpu.inference.arguments import EDGE
 from pyg_mgpu.inference.blocks import BLOCK_BYTES, Rows, batches, make_block
 from pyg_mgpu.inference.layers import gcn_degrees, inverse_sqrt
 from pyg_mgpu.inference.outputs import (FILES, OUTPUTS, Predictions, check_layers_folder,
-                                        in_the_way, remove_outputs)
+                                        in_the_way, listed, remove_outputs)
 from pyg_mgpu.inference.plan import LAYERS, Plan
 from pyg_mgpu.sampling.sharding import shard_bounds
 
@@ -171,10 +171,9 @@ def _check_out(plan: Plan, resume: bool, overwrite: bool, manifest: dict) -> boo
     check_layers_folder(plan.out)
     found = in_the_way(plan.out, resume=resume, overwrite=overwrite)
     if found:
-        listed = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-        raise ArgumentError(f"{{out}} {plan.out} holds predictions already ({listed}); pass "
-                            "overwrite=True to replace them, resume=True to continue a stopped "
-                            "call with the same arguments, or another folder.")
+        raise ArgumentError(f"{{out}} {plan.out} holds predictions already ({listed(found)}); "
+                            "pass overwrite=True to replace them, resume=True to continue a "
+                            "stopped call with the same arguments, or another folder.")
     before, _ = _recorded_manifest(plan)
     if resume and before is not None:
         _same_manifest(plan.out, before, manifest)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -107,7 +106,7 @@ def run(cfg: TrainConfig) -> Path:
     if launched_by_torchrun():  # rank 0 makes and claims the folder, in the process group
         return _start(cfg, None)
     from pyg_mgpu.distributed.watch import LauncherSignals, report_completed
-    from pyg_mgpu.train.run_folder import claim_run_folder
+    from pyg_mgpu.train.run_folder import claim_run_folder, remove_if_unclaimed
 
     # Stop signals are handled from before the folder is made until the figures are drawn.
     # Before the ranks start, one raises here, so that the cleanup below runs and the graph's
@@ -121,42 +120,16 @@ def run(cfg: TrainConfig) -> Path:
             cfg.outputs.out = str(out)  # the folder chosen is the one recorded
             with claim_run_folder(out, resume=cfg.faults.resume,
                                   overwrite=cfg.outputs.overwrite):
-                try:
-                    _start(cfg, out, signals)
-                except BaseException:  # refused, stopped or failed: no empty run folder left
-                    if out in made:
-                        _remove_if_unused(out)  # under the lock: no other run holds it
-                    raise
+                _start(cfg, out, signals)
                 _draw_figures(out)
-        except BaseException:
-            _remove_empty(made)  # the parents made for the run folder, empty once it went
+        except BaseException:  # refused, stopped or failed: no empty folder of its own left
+            for folder in reversed(made):  # the run folder (its lock no longer held), parents
+                remove_if_unclaimed(folder)
             raise
         late = signals.after_ranks()
         if late:  # it came while the figures were drawn: nothing was left to stop
             report_completed(late)
     return out
-
-
-def _remove_if_unused(out: Path) -> None:
-    """Deletes ``out`` if nothing but the run's lock is in it. Called while an error is on its
-    way to the user: a folder it cannot read is left as it is, and that error goes on."""
-    from pyg_mgpu.train.run_folder import LOCK
-
-    try:
-        unused = {p.name for p in out.iterdir()} <= {LOCK}
-    except OSError:
-        return
-    if unused:
-        shutil.rmtree(out, ignore_errors=True)
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Deletes each of ``folders`` (parents first in the list) that is empty, deepest first."""
-    for folder in reversed(folders):
-        try:
-            folder.rmdir()
-        except OSError:  # gone, or holding something: another run's, or this run's outputs
-            pass
 
 
 def _resolve_devices(cfg: TrainConfig, torchrun: bool) -> list[torch.device]:

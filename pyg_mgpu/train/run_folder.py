@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from pyg_mgpu.files import finite_json, remove_partial_writes, same_folder
+from pyg_mgpu.files import finite_json, remove_partial_writes, same_folder, wait_for_lock
 from pyg_mgpu.train.checkpoint import CHECKPOINT, describe, not_a_checkpoint
 from pyg_mgpu.train.config import TrainConfig
 
@@ -106,6 +106,31 @@ def claim_run_folder(out: Path, *, resume: Optional[str], overwrite: bool,
         os.close(fd)  # releases the lock
 
 
+def remove_if_unclaimed(folder: Path) -> None:
+    """Deletes ``folder`` where it holds nothing, or nothing but a run's lock that no run
+    holds: what a run refused, stopped or failed before it wrote anything leaves, at any point
+    of its claim. Called while an error is on its way to the user: a folder it cannot read,
+    lock or remove is left as it is, and that error goes on."""
+    try:
+        fd: Optional[int] = os.open(folder / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    except OSError:
+        return
+    try:
+        if fd is not None:  # taken, so that no run claims the folder while it goes
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a run: BlockingIOError
+        if {p.name for p in folder.iterdir()} <= {LOCK}:
+            if fd is not None:
+                (folder / LOCK).unlink()
+            folder.rmdir()
+    except OSError:
+        pass
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 # What a run, and the commands about it, write in its folder (docs/outputs.md): the earlier
 # run's, which ``--overwrite`` removes. The checkpoint goes first.
 PREVIOUS_RUN_FILES = (CHECKPOINT, "best.pt", "metrics.json", "history.csv", "curves.png",
@@ -135,17 +160,10 @@ def start_afresh(out: Path, *, resume: Optional[str], overwrite: bool) -> None:
 def _lock(fd: int, kind: int, out: Path, warn, wait_s: float = 0.0) -> bool:
     """Takes the lock on ``fd``, waiting up to ``wait_s`` for its holders to end; False where
     the filesystem takes no locks."""
-    deadline = time.monotonic() + wait_s
     try:
-        while True:
-            try:
-                fcntl.flock(fd, kind | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise RunFolderError(f"--out {out} is in use by another run{_holder(out)}; "
-                                         "wait for it to end, or choose another --out.") from None
-                time.sleep(0.1)
+        if not wait_for_lock(fd, kind, wait_s):
+            raise RunFolderError(f"--out {out} is in use by another run{_holder(out)}; wait "
+                                 "for it to end, or choose another --out.")
     except OSError as e:
         if e.errno not in _NO_LOCKS:
             raise
