@@ -25,12 +25,14 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from pyg_mgpu.nn.fused_mean import gather_mean
-from pyg_mgpu.nn.sage import GraphSAGE, mean_aggregate
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any folder
+from pyg_mgpu.nn.fused_mean import gather_mean  # noqa: E402
+from pyg_mgpu.nn.sage import GraphSAGE, mean_aggregate  # noqa: E402
 
 
 def synthetic_batch(num_nodes: int, batch_size: int, fanouts: list[int], hub_edges: int,

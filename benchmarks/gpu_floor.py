@@ -5,8 +5,8 @@ docs/benchmarks.md.
 
 Reads FOLDER's (the script's ``gpu-floor`` work folder, the one ``gpu-floor.tgz`` holds)
 ``steps.tsv`` (step, exit code or why it did not run or finish, seconds, an A/B run's flags),
-``env.txt``, ``batch_sizes.json``, ``kernels.md`` and each A/B run's ``metrics.json``, and
-writes FOLDER/gpu_floor.md. The baseline of the A/B table is the ``fp32`` run (strict fp32
+``env.txt``, ``batch_sizes.json``, ``kernels.md``, each A/B run's ``metrics.json`` and
+``fused_mean.json`` (``benchmarks/fused_mean.py``'s times), and writes FOLDER/gpu_floor.md. The baseline of the A/B table is the ``fp32`` run (strict fp32
 matmuls); TF32 becomes the default only if it keeps test accuracy within ``TF32_RULE`` of it.
 The script runs this after every step, so it imports no torch.
 """
@@ -67,17 +67,40 @@ def ab_table(out: Path, steps: list[dict]) -> list[str]:
         speed = f"{base['epoch_s'] / n['epoch_s']:.2f}x" if base else "-"
         delta = (f"{n['test_acc'] - base['test_acc']:+.4f}" if base and n["test_acc"] is not None
                  else "-")
+        acc = f"{n['test_acc']:.4f}" if n["test_acc"] is not None else "-"
         lines.append(f"| {s['name']} | `{s['flags']}` | {n['epoch_s']:.2f} | "
-                     f"{n['seeds_per_s']:,.0f} | {speed} | {busy} | {n['test_acc']:.4f} | "
-                     f"{delta} |")
+                     f"{n['seeds_per_s']:,.0f} | {speed} | {busy} | {acc} | {delta} |")
     tf32 = numbers.get("tf32")
-    if base and tf32:
+    if base and tf32 and None not in (base["test_acc"], tf32["test_acc"]):
         gap = abs(tf32["test_acc"] - base["test_acc"])
         verdict = "within" if gap <= TF32_RULE else "outside"
         lines += ["", f"TF32 against strict fp32: test accuracy {tf32['test_acc']:.4f} against "
                       f"{base['test_acc']:.4f}, a gap of {gap:.4f}, {verdict} the "
                       f"{TF32_RULE} that a change of the default needs; epoch "
                       f"{base['epoch_s'] / tf32['epoch_s']:.2f}x as fast."]
+    return lines
+
+
+def fused_table(times: dict) -> list[str]:
+    """``benchmarks/fused_mean.py``'s times: each layer's median ms both ways, the ratio."""
+    if not times["layers"]:  # it times CUDA devices only
+        return ["Checked against embedding_bag, not timed (no CUDA device)."]
+    lines = [f"Nodes per hop {times['nodes']}, edges per hop {times['edges']} (a made-up "
+             "products-shaped batch); median ms of each way, and embedding_bag's time over the "
+             "fused one's:", "",
+             "| layer | dtype | forward: embedding_bag | fused | ratio | forward + backward: "
+             "embedding_bag | fused | ratio |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def pair(row: dict, what: str) -> str:
+        a, b = row.get(f"embedding_bag_{what}_ms"), row.get(f"fused_{what}_ms")
+        return f"{a:.3f} | {b:.3f} | {a / b:.2f}x" if a and b else "- | - | -"
+    for row in times["layers"]:
+        lines.append(f"| {row['layer']} | {row['dtype'].removeprefix('torch.')} | "
+                     f"{pair(row, 'forward')} | {pair(row, 'forward_backward')} |")
+    a, b = times.get("model_step_embedding_bag_ms"), times.get("model_step_fused_ms")
+    if a and b:
+        lines += ["", f"A whole model step (forward and backward, fp32): embedding_bag {a:.3f} "
+                      f"ms, fused {b:.3f} ms, {a / b:.2f}x."]
     return lines
 
 
@@ -100,6 +123,10 @@ def report(out: Path, graph_flags: str) -> str:
     table = ab_table(out, steps)
     if table:
         lines += ["### A/B runs", "", *table, ""]
+    fused = out / "fused_mean.json"
+    if fused.is_file():
+        lines += ["### The fused gather-and-mean kernels", "",
+                  *fused_table(json.loads(fused.read_text())), ""]
     lines += ["### Steps", "", "| step | exit | seconds |", "| --- | --- | --- |"]
     lines += [f"| {s['name']} | {s['status']} | {s['seconds']} |" for s in steps]
     return "\n".join(lines) + "\n"

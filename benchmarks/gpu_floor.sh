@@ -7,7 +7,9 @@
 #      pyg_mgpu.tools.batch_sizes); its first load converts and caches the graph. Beside it,
 #      cache_bf16 converts and caches the graph with bf16 features, the cache --amp bf16 reads
 #      (a cache of its own), so that the bf16 run below trains within its limit instead of
-#      converting; the two conversions share the wait, and nothing timed runs meanwhile;
+#      converting; the two conversions share the wait, and nothing timed runs meanwhile:
+#      beside them fused_check runs the fused aggregation's GPU tests (pytest -m gpu
+#      tests/test_fused_mean.py: the compiled Triton kernels against embedding_bag);
 #   2. trace: one epoch with --trace-steps, turned into the table of the top kernels by GPU
 #      time per step, their stage, and the training stream's idle time (python -m
 #      pyg_mgpu.tools.kernel_table);
@@ -15,9 +17,12 @@
 #      highest, the baseline), TF32 (--matmul-precision high), --amp bf16, --cuda-graph,
 #      --fused-aggregation where the CLI has it (a flag the CLI does not know is skipped),
 #      and --prefetch 3 (three batches queued ahead instead of one: does the training stream
-#      still wait while the sampler draws the next walk of 8 batches?).
+#      still wait while the sampler draws the next walk of 8 batches?);
+#   4. fused_bench: the fused aggregation's kernels against embedding_bag on a products-shaped
+#      batch, per layer and for a whole model step (benchmarks/fused_mean.py).
 # The steps write their files (each step's log, steps.tsv, env.txt, batch_sizes.json,
-# kernels.md, the trace's kernels.csv, the A/B runs' metrics.json and history.csv) into
+# kernels.md, the trace's kernels.csv, the A/B runs' metrics.json and history.csv,
+# fused_mean.json) into
 # $GPU_FLOOR_WORK/gpu-floor (default /tmp/gpu-floor-work), beside the run folders and
 # trace.json. $OUT (default runs/gpu-floor) gets three files, refreshed after every step so
 # that a cut-off call keeps what ran: gpu_floor.md (Markdown for docs/benchmarks.md),
@@ -48,9 +53,13 @@ if [ "${GPU_FLOOR_TINY:-0}" = 1 ]; then
   GRAPH=(--num-nodes 3000 --num-edges 30000 --num-features 8 --num-classes 4 --hidden 16
          --batch-size 64 --fanout 5,3 --devices cpu --nprocs 1)
   TRACE_STEPS=${GPU_FLOOR_TRACE_STEPS:-3}
+  # The kernels on the CPU, through Triton's interpreter
+  FUSED=(env TRITON_INTERPRET=1 "$PY" benchmarks/fused_mean.py --device cpu --num-nodes 2000
+         --batch-size 8 --hidden 16)
 else
   GRAPH=(--num-nodes 2400000 --num-edges 62000000 --num-features 100 --num-classes 47
          --hidden 256 --batch-size 1024 --fanout 15,10,5 --devices "${GPU_FLOOR_DEVICES:-cuda:0}")
+  FUSED=("$PY" benchmarks/fused_mean.py)
 fi
 mkdir -p "$OUT" "$WORK"
 OUT=$(cd "$OUT" && pwd)
@@ -174,9 +183,14 @@ if chosen bf16 && cli_knows --amp; then
   start cache_bf16 240 "$PY" -m pyg_mgpu.tools.batch_sizes "${GRAPH[@]}" --amp bf16 \
     --batches 1 || true
 fi
+if chosen fused; then
+  start fused_check 180 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_mean.py \
+    || true
+fi
 step batch_sizes 240 "$PY" -m pyg_mgpu.tools.batch_sizes "${GRAPH[@]}" --batches 16 \
   --json "$FLOOR/batch_sizes.json"
 finish cache_bf16
+finish fused_check
 
 step trace "$RUN_S" "$PY" -m pyg_mgpu.distributed_sampling "${GRAPH[@]}" --epochs 1 \
   --trace-steps "$TRACE_STEPS" --out "$WORK/trace" --overwrite
@@ -193,6 +207,9 @@ ab bf16 --amp bf16
 ab cuda_graph --cuda-graph
 ab fused --fused-aggregation
 ab prefetch3 --prefetch 3
+if chosen fused; then
+  step fused_bench 120 "${FUSED[@]}" --out "$FLOOR/fused_mean.json"
+fi
 
 echo "[gpu_floor] done in $((SECONDS - START)) s: $OUT/gpu_floor.md, $OUT/gpu-floor.tgz"
 cat "$OUT/gpu_floor.md" 2>/dev/null || true

@@ -53,6 +53,36 @@ def test_ab_runs_are_compared_with_strict_fp32(gpu_floor, tmp_path, tf32_acc, ve
     assert "| batch_sizes | 0 | 40 |" in text
 
 
+def test_a_run_without_a_test_accuracy_is_listed_without_one(gpu_floor, tmp_path):
+    (tmp_path / "steps.tsv").write_text("fp32\t0\t45\t--matmul-precision highest\n"
+                                        "tf32\t0\t40\t--matmul-precision high\n")
+    write_run(tmp_path, "fp32", 2.0, 0.9000)
+    write_run(tmp_path, "tf32", 1.6, None)
+    assert gpu_floor.main([str(tmp_path), "--num-nodes 10"]) == 0
+    text = (tmp_path / "gpu_floor.md").read_text()
+    assert "| tf32 | `--matmul-precision high` | 1.60 | 625 | 1.25x | 80% | - | - |" in text
+    assert "TF32 against strict fp32" not in text  # no verdict without both accuracies
+
+
+def test_the_fused_kernels_times_are_tabled_against_embedding_bag(gpu_floor, tmp_path):
+    (tmp_path / "fused_mean.json").write_text(json.dumps({
+        "nodes": [1024, 12000], "edges": [15000], "model_step_embedding_bag_ms": 3.0,
+        "model_step_fused_ms": 2.0, "layers": [
+            {"layer": 1, "dtype": "torch.float32", "embedding_bag_forward_ms": 0.9,
+             "fused_forward_ms": 0.3, "embedding_bag_forward_backward_ms": 2.0,
+             "fused_forward_backward_ms": 1.0},
+            {"layer": 3, "dtype": "torch.bfloat16", "embedding_bag_forward_ms": 0.2,
+             "fused_forward_ms": 0.4}]}))
+    assert gpu_floor.main([str(tmp_path), "--num-nodes 10"]) == 0
+    text = (tmp_path / "gpu_floor.md").read_text()
+    assert "| 1 | float32 | 0.900 | 0.300 | 3.00x | 2.000 | 1.000 | 2.00x |" in text
+    assert "| 3 | bfloat16 | 0.200 | 0.400 | 0.50x | - | - | - |" in text  # no backward
+    assert "embedding_bag 3.000 ms, fused 2.000 ms, 1.50x." in text
+    (tmp_path / "fused_mean.json").write_text(json.dumps({"nodes": [8], "edges": [], "layers": []}))
+    assert gpu_floor.main([str(tmp_path), "--num-nodes 10"]) == 0
+    assert "not timed (no CUDA device)" in (tmp_path / "gpu_floor.md").read_text()
+
+
 def test_the_report_loads_no_torch(tmp_path):
     """The script writes the report after every step: torch's seconds of start-up each time
     would eat the call's budget."""
@@ -92,7 +122,7 @@ def test_the_script_leaves_the_markdown_and_one_archive_in_out(tmp_path):
         steps = archive.extractfile("gpu-floor/steps.tsv").read().decode()
     assert {"gpu-floor/env.txt", "gpu-floor/gpu_floor.md"} <= set(names)
     assert [line.split("\t")[:2] for line in steps.splitlines()] == [
-        [name, "skipped"] for name in ("cache_bf16", "batch_sizes", "trace", "kernel_table",
-                                       "fp32", "tf32", "bf16", "cuda_graph", "fused",
-                                       "prefetch3")]
+        [name, "skipped"] for name in ("cache_bf16", "fused_check", "batch_sizes", "trace",
+                                       "kernel_table", "fp32", "tf32", "bf16", "cuda_graph",
+                                       "fused", "prefetch3", "fused_bench")]
     assert (out / "gpu_floor.md").read_text() == (work / "gpu-floor" / "gpu_floor.md").read_text()
