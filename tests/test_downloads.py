@@ -60,6 +60,52 @@ def test_an_ogb_folder_missing_one_split_file_says_nothing_was_downloaded(tmp_pa
     assert "download from" not in message
 
 
+@pytest.mark.slow
+def test_a_raw_file_replaced_by_an_older_copy_is_processed_again(tmp_path, capsys):
+    # cp -p, tar and unzip keep a file's own modification time, older than processed/.
+    root = tmp_path / "reddit"
+    write_reddit(root)
+    assert load_graph("reddit", root).y.tolist() == (np.arange(12) % 3).tolist()
+    path = root / "raw" / "reddit_data.npz"
+    earlier = path.stat().st_mtime - 3600
+    np.savez(path, **dict(np.load(path), label=(np.arange(12) + 1) % 3))
+    os.utime(path, (earlier, earlier))
+    capsys.readouterr()
+    assert load_graph("reddit", root).y.tolist() == ((np.arange(12) + 1) % 3).tolist()
+    assert "changed after" in capsys.readouterr().err
+    load_graph("reddit", root)  # made from these files: read, not processed again
+    assert "changed after" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_root_below_a_folder_named_processed_still_sees_its_raw_files_change(tmp_path):
+    # The converted-graph cache keys on the dataset's source files, its processed/ left out:
+    # not those of a root that lies below a folder of that name.
+    root, graphs = tmp_path / "processed" / "data", tmp_path / "graphs"
+    write_ogbn_arxiv(root, release=True)
+    first = load_graph("ogbn-arxiv", root, cache_dir=graphs)
+    assert first.y.tolist() == (np.arange(10) % 4).tolist()
+    labels = root / "ogbn_arxiv" / "raw" / "node-label.csv.gz"
+    np.savetxt(labels, (np.arange(10) + 1) % 4, fmt="%d")
+    later = labels.stat().st_mtime + 10
+    os.utime(labels, (later, later))
+    again = load_graph("ogbn-arxiv", root, cache_dir=graphs)
+    assert again.y.tolist() == ((np.arange(10) + 1) % 4).tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["num-node-list.csv.gz", "node-label.csv.gz"])
+def test_an_ogb_folder_missing_a_raw_file_names_it(tmp_path, offline, name):
+    write_ogbn_arxiv(tmp_path, release=True)
+    (tmp_path / "ogbn_arxiv" / "raw" / name).unlink()
+    with pytest.raises(DatasetError) as error:
+        load_graph("ogbn-arxiv", tmp_path)
+    message = str(error.value)
+    assert f"missing ogbn_arxiv/raw/{name})" in message
+    assert "holds only some of them, so nothing was downloaded" in message
+    assert "corrupt" not in message
+
+
 def test_a_failed_download_into_an_existing_folder_leaves_it_as_it_was(tmp_path, offline):
     root = tmp_path / "reddit"
     (root / "notes").mkdir(parents=True)  # a folder of the user's, empty, stays

@@ -197,8 +197,10 @@ def _cache_identity(key: Optional[str], name: str, root: str | Path | None, seed
         folder = Path(root or DEFAULT_ROOT).resolve() / key.replace("-", "_")
 
     def sources() -> list[Path]:
-        # OGB's split/ files sit beside raw/; its processed/ and the libraries' are outputs.
-        return [p for p in folder.rglob("*") if p.is_file() and "processed" not in p.parts]
+        # OGB's split/ files sit beside raw/; its processed/ and the libraries' are outputs
+        # (a processed/ inside the dataset's folder: the folder's own path may hold one).
+        return [p for p in folder.rglob("*")
+                if p.is_file() and "processed" not in p.relative_to(folder).parts]
 
     return {"dataset": key, "root": str(folder)}, key, sources
 

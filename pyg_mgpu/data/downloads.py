@@ -10,12 +10,12 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import pickle
 import re
 import shutil
 import sys
-import time
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -27,6 +27,7 @@ import torch
 
 from pyg_mgpu.data.cache import CACHE_ENV
 from pyg_mgpu.data.validation import DatasetArgumentError, DatasetError
+from pyg_mgpu.files import save_json, wait_for_lock
 
 # What reading raw files or a failed download raises (URLError and aiohttp's errors are OSErrors).
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, RuntimeError, zipfile.BadZipFile,
@@ -50,7 +51,7 @@ def ogb_guards() -> Iterator[None]:
 
 
 def run_library(label: str, root: Path, folder: Path, expected: list[Path], url: str,
-                 build: Callable[[Path], Any]) -> Any:
+                 build: Callable[[Path], Any], reads: Optional[tuple[str, ...]] = None) -> Any:
     """Runs ``build(root)`` (a PyG or OGB constructor, which downloads missing raw files) and
     turns its failures into :class:`DatasetError`.
 
@@ -61,6 +62,8 @@ def run_library(label: str, root: Path, folder: Path, expected: list[Path], url:
         expected: Files (relative to ``root``) that make a download unnecessary.
         url: Where the library downloads from, for the message.
         build: Called with ``root``, or with a writable mirror of it.
+        reads: The entries of ``folder`` the library reads, linked into a mirror (default:
+            all but ``processed/``).
     """
     missing = [p for p in expected if not (root / p).is_file()]
     writable = _is_writable(folder)
@@ -78,18 +81,21 @@ def run_library(label: str, root: Path, folder: Path, expected: list[Path], url:
     # Folders already there, so that a failed download removes only those the library made.
     kept = _folders_under(folder) if missing and created is None else set()
     try:
-        library_root = root if writable else _mirror(root, folder)
+        library_root = root if writable else _mirror(root, folder, reads)
         with _one_at_a_time(label, library_root):
-            _drop_stale_processed(label,
-                                  library_root / folder.absolute().relative_to(root.absolute()))
-            return build(library_root)
+            library_folder = library_root / folder.absolute().relative_to(root.absolute())
+            _drop_stale_processed(label, library_folder)
+            built = build(library_root)
+            _record_sources(library_folder)
+            return built
     except _READ_ERRORS as err:
         if missing:
             # The library makes its folders before downloading; left empty, they would pass
             # for a dataset folder at the next look (a test's skip check, a user's ls).
             _remove_empty_dirs(created if created is not None else folder, keep=kept)
-            if isinstance(err, FileNotFoundError) and len(missing) < len(expected):
-                # Some files are there: the library read them and looked for the rest.
+            # Some files are there: the library read them and looked for the rest (OGB's
+            # reader raises RuntimeError("No necessary file") for its count files).
+            if isinstance(err, (FileNotFoundError, RuntimeError)) and len(missing) < len(expected):
                 raise missing_error(f"the folder holds only some of them, so nothing was "
                                     f"downloaded ({type(err).__name__}: {err}); fetch the "
                                     f"missing files, or move {folder.absolute()} away to "
@@ -115,7 +121,12 @@ def _one_at_a_time(label: str, library_root: Path, poll_s: float = 0.2) -> Itera
     without one. The wait polls, so a stop signal ends it.
     """
     path = library_root / f".pyg_mgpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.lock"
-    waiting = False
+
+    @functools.cache  # said once, however many removed files the wait goes through
+    def waiting() -> None:
+        print(f"{label}: waiting for another process that is reading or preparing it in "
+              f"{library_root} (it holds {path})", file=sys.stderr, flush=True)
+
     while True:
         try:
             library_root.mkdir(parents=True, exist_ok=True)
@@ -124,15 +135,7 @@ def _one_at_a_time(label: str, library_root: Path, poll_s: float = 0.2) -> Itera
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            if not waiting:
-                print(f"{label}: waiting for another process that is reading or preparing it "
-                      f"in {library_root} (it holds {path})", file=sys.stderr, flush=True)
-                waiting = True
-            time.sleep(poll_s)
-            continue
+            wait_for_lock(fd, fcntl.LOCK_EX, poll_s=poll_s, waiting=waiting)
         except OSError:  # no locks on this filesystem
             os.close(fd)
             yield
@@ -151,21 +154,36 @@ def _one_at_a_time(label: str, library_root: Path, poll_s: float = 0.2) -> Itera
         os.close(fd)
 
 
+# What processed/ was made from (each source file's path, size and modification time), written
+# into it once the library has read or made it.
+SOURCES_STAMP = ".pyg_mgpu-sources.json"
+
+
 def _drop_stale_processed(label: str, folder: Path) -> None:
-    """Removes the library's ``processed/`` under ``folder`` when a source file (under
-    ``raw/`` or ``split/``) is newer than the oldest file in it.
+    """Removes the library's ``processed/`` under ``folder`` when the source files (under
+    ``raw/`` or ``split/``) are not those it was made from: another set of paths, sizes or
+    modification times than its :data:`SOURCES_STAMP` records, or, where it has none (made
+    before pyg_mgpu read it), a source file newer than the oldest file in it.
 
     PyG and OGB read ``processed/`` whenever it is there and never look at the raw files
     again, so a changed raw file would be read as it was before (and a file fixed after an
-    error would fail as before). Copies that keep modification times (``cp -a``, ``rsync -a``)
-    keep ``processed/``; one that does not may process the files once more.
+    error would fail as before), even one replaced by an older copy (``cp -p``, an archive's
+    files). Copies that keep modification times (``cp -a``, ``rsync -a``) keep ``processed/``.
     """
     processed = folder / "processed"
-    outputs = _files_under(processed)
-    sources = [path for sub in ("raw", "split") for path in _files_under(folder / sub)]
+    outputs = [path for path in _files_under(processed) if path.name != SOURCES_STAMP]
+    sources = _source_files(folder)
     if not outputs or not sources:
         return
-    if max(_mtime(path) for path in sources) > min(_mtime(path) for path in outputs):
+    try:
+        recorded = json.loads((processed / SOURCES_STAMP).read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if recorded is not None:
+        stale = recorded != _stamp(folder, sources)
+    else:
+        stale = max(_mtime(path) for path in sources) > min(_mtime(path) for path in outputs)
+    if stale:
         print(f"{label}: files under {folder} changed after {processed} was made from them; "
               "processing them again", file=sys.stderr)
         if processed.is_symlink():  # the folder lies elsewhere: empty it, keep the link
@@ -176,6 +194,29 @@ def _drop_stale_processed(label: str, folder: Path) -> None:
                     entry.unlink()
         else:
             shutil.rmtree(processed)
+
+
+def _record_sources(folder: Path) -> None:
+    """Writes :data:`SOURCES_STAMP` into ``folder``'s ``processed/``, once the library has
+    made or read it; where it cannot be written, the next run judges by modification times."""
+    processed = folder / "processed"
+    sources = _source_files(folder)
+    if sources and processed.is_dir():
+        with contextlib.suppress(OSError):
+            save_json(_stamp(folder, sources), processed / SOURCES_STAMP)
+
+
+def _source_files(folder: Path) -> list[Path]:
+    return sorted(path for sub in ("raw", "split") for path in _files_under(folder / sub))
+
+
+def _stamp(folder: Path, sources: list[Path]) -> list:
+    """Each source file's path under ``folder``, size and modification time (ns)."""
+    stamp = []
+    for path in sources:
+        st = path.stat()
+        stamp.append([path.relative_to(folder).as_posix(), st.st_size, st.st_mtime_ns])
+    return stamp
 
 
 def _files_under(folder: Path) -> list[Path]:
@@ -225,11 +266,11 @@ def _is_writable(path: Path) -> bool:
     return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
 
 
-def _mirror(root: Path, folder: Path) -> Path:
+def _mirror(root: Path, folder: Path, reads: Optional[tuple[str, ...]] = None) -> Path:
     """Mirrors a read-only ``folder`` under ``root`` into the cache and returns the new root.
 
-    Every entry but ``processed/`` is symlinked, not copied (OGB's raw files take many GB);
-    the library then writes ``processed/`` in the cache.
+    Every entry but ``processed/`` (or those named in ``reads``) is symlinked, not copied
+    (OGB's raw files take many GB); the library then writes ``processed/`` in the cache.
     """
     cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "pyg_mgpu")
     # One mirror per source folder, so two data folders never share processed files.
@@ -238,7 +279,8 @@ def _mirror(root: Path, folder: Path) -> Path:
     mirror.mkdir(parents=True, exist_ok=True)
     for entry in folder.iterdir():
         link = mirror / entry.name
-        if entry.name != "processed" and not link.is_symlink():
+        wanted = entry.name in reads if reads is not None else entry.name != "processed"
+        if wanted and not link.is_symlink():
             with contextlib.suppress(FileExistsError):  # another machine sharing the cache
                 link.symlink_to(entry.resolve())
     return cache_root

@@ -23,6 +23,7 @@ import torch
 
 from pyg_mgpu.data.downloads import ogb_guards, run_library
 from pyg_mgpu.data.graph import undirected_edges
+from pyg_mgpu.data.validation import DatasetError
 
 if TYPE_CHECKING:  # PyG is imported when a heterogeneous graph is loaded, not for its names
     from torch_geometric.data import HeteroData
@@ -48,9 +49,11 @@ def load_hetero_graph(name: str, root: Union[str, Path, None] = None, *,
                       seed: int = 0) -> HeteroGraph:
     """The dataset for training: every node type with features (:func:`fill_missing_features`),
     the labelled type (the one with ``y``) as the target."""
-    from pyg_mgpu.data.hetero_graph import HeteroGraph
+    from pyg_mgpu.data.hetero_graph import HeteroGraph, check_edges
 
-    data = fill_missing_features(load_hetero_dataset(name, root, seed=seed))
+    data = load_hetero_dataset(name, root, seed=seed)
+    check_edges(name, data)  # before the features are filled through the edges
+    data = fill_missing_features(data)
     target = next(t for t in data.node_types if "y" in data[t])
     return HeteroGraph(name=name.lower(), data=data, target=target,
                        num_classes=int(data.num_classes))
@@ -135,8 +138,13 @@ def _load_ogbn_mag(root: Path) -> HeteroData:
     for node_type in split["train"]:
         n = data[node_type].num_nodes
         for key, name in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):
+            ids = torch.from_numpy(np.array(split[key][node_type], dtype=np.int64))
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                raise DatasetError(f"ogbn-mag: split {key} of {node_type} holds node ids "
+                                   f"outside [0, {n}) (min {int(ids.min())}, max "
+                                   f"{int(ids.max())}); fetch the split files again.")
             mask = torch.zeros(n, dtype=torch.bool)
-            mask[torch.from_numpy(np.array(split[key][node_type], dtype=np.int64))] = True
+            mask[ids] = True
             data[node_type][name] = mask
     data.num_classes = int(dataset.num_classes)
     return data

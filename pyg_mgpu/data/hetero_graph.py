@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 from torch_geometric.data import HeteroData
 
@@ -48,8 +49,40 @@ class HeteroGraph(TrainingGraph):
             raise DatasetError(f"{self.name}: node types {', '.join(featureless)} have no "
                                "features x; give every node type features (ogbn-mag's loader "
                                "fills them with their neighbours' mean).")
+        self._check_labels()
         self.splits = {split: store[split.replace("_idx", "_mask")].nonzero().view(-1)
                        for split in ("train_idx", "val_idx", "test_idx")}
+
+    def _check_labels(self) -> None:
+        """The target's labels and masks as training reads them: one label per node, three
+        non-empty, disjoint boolean masks of its nodes, and labels in ``[0, num_classes)`` on
+        the nodes they hold (a stray label would fail mid-epoch, in the loss)."""
+        store, where = self.data[self.target], f"{self.name}: node type {self.target!r}"
+        n, y = store.num_nodes, self.data[self.target].y
+        if y.dim() != 1 or y.numel() != n:
+            raise DatasetError(f"{where} has {n} nodes but labels y of shape {tuple(y.shape)}; "
+                               "give it one label per node.")
+        seen = torch.zeros(n, dtype=torch.bool)
+        for key in ("train_mask", "val_mask", "test_mask"):
+            mask = store[key]
+            if mask.dtype != torch.bool or tuple(mask.shape) != (n,):
+                raise DatasetError(f"{where}: {key} must be a boolean mask of its {n} nodes, "
+                                   f"got {mask.dtype} of shape {tuple(mask.shape)}.")
+            if not bool(mask.any()):
+                raise DatasetError(f"{where}: {key} is empty; every split needs nodes.")
+            if bool((seen & mask).any()):
+                raise DatasetError(f"{where}: {key} overlaps an earlier split in "
+                                   f"{int((seen & mask).sum())} node(s); splits must be "
+                                   "disjoint.")
+            seen |= mask
+        labels = y[seen]
+        low, high = labels.min().item(), labels.max().item()
+        fractional = labels.is_floating_point() and not bool((labels == labels.round()).all())
+        if fractional or not 0 <= low <= high < self.num_classes:
+            raise DatasetError(f"{where}: the nodes in the splits need integer labels in "
+                               f"[0, {self.num_classes}), got labels from {low} to {high}; fix "
+                               "them, or keep unlabelled nodes out of every split.")
+
 
     @property
     def train_idx(self) -> Tensor:
@@ -118,3 +151,15 @@ class HeteroGraph(TrainingGraph):
 
     def loader_nodes(self, nodes: Tensor) -> tuple[str, Tensor]:
         return self.target, nodes
+
+
+def check_edges(name: str, data: HeteroData) -> None:
+    """Raises :class:`DatasetError` where an edge type names nodes its end types do not have."""
+    for src, rel, dst in data.edge_types:
+        edge_index = data[src, rel, dst].edge_index
+        for row, node_type in ((0, src), (1, dst)):
+            ids, n = edge_index[row], data[node_type].num_nodes
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                raise DatasetError(f"{name}: edges ({src}, {rel}, {dst}) name {node_type} "
+                                   f"nodes outside [0, {n}) (min {int(ids.min())}, max "
+                                   f"{int(ids.max())}); fix the edge list.")

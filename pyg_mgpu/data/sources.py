@@ -30,6 +30,15 @@ OGB = {
     "ogbn-papers100M": ("raw/data.npz", "time",
                         "http://snap.stanford.edu/ogb/data/nodeproppred/papers100M-bin.zip"),
 }
+# The other raw files OGB's readers cannot do without (ogb/io/read_graph_raw.py and the
+# datasets' "additional node files"): named as missing rather than read as corrupt. The
+# features are optional to OGB; load_ogb names their file itself.
+_OGB_RAW = {
+    "ogbn-arxiv": ("num-node-list.csv.gz", "num-edge-list.csv.gz", "node-label.csv.gz",
+                   "node_year.csv.gz"),
+    "ogbn-products": ("num-node-list.csv.gz", "num-edge-list.csv.gz", "node-label.csv.gz"),
+    "ogbn-papers100M": ("node-label.npz",),
+}
 # Citation graphs that OGB stores one way only. DGL's and PyG's recipes train ogbn-arxiv as an
 # undirected graph (ToUndirected: each pair of nodes joined once, both ways); papers100M is left
 # as stored, since doubling its 1.6B edges would add ~26 GB.
@@ -53,8 +62,10 @@ def load_reddit(root: Path) -> ConvertedGraph:
     from torch_geometric.datasets import Reddit
 
     expected = [Path("raw", "reddit_data.npz"), Path("raw", "reddit_graph.npz")]
+    # Reddit's folder is the root itself, which may hold other datasets: a mirror of a
+    # read-only one links raw/ alone.
     dataset = run_library("reddit", root, root, expected, Reddit.url,
-                           lambda r: Reddit(str(r)))
+                           lambda r: Reddit(str(r)), reads=("raw",))
     return from_pyg("reddit", dataset)
 
 
@@ -76,7 +87,8 @@ def load_ogb(name: str, root: Path) -> ConvertedGraph:
     raw_file, split, url = OGB[name]
     folder = root / name.replace("-", "_")
     expected = [Path(folder.name, raw_file)] + [
-        Path(folder.name, "split", split, f"{s}.csv.gz") for s in ("train", "valid", "test")]
+        Path(folder.name, "split", split, f"{s}.csv.gz") for s in ("train", "valid", "test")
+    ] + [Path(folder.name, "raw", f) for f in _OGB_RAW[name]]
 
     def build(r: Path) -> tuple[Any, dict]:
         from ogb.nodeproppred import NodePropPredDataset
@@ -159,13 +171,16 @@ def load_npz(path: Path) -> ConvertedGraph:
             raise error(f"missing key(s) {', '.join(missing)}")
         for member in members.values():  # reads below seek past zipfile's own check
             member.check_crc()
+        for key in ("edge_index",) + SPLITS:
+            if not np.issubdtype(members[key].dtype, np.integer):
+                raise error(f"{key} must hold integer node ids, got dtype {members[key].dtype}")
+        if members["y"].dtype.kind not in "iuf":
+            raise error(f"labels y must hold integer class ids (or floats, NaN for an "
+                        f"unlabelled node), got dtype {members['y'].dtype}")
         small = {k: torch.from_numpy(members[k].read_all()) for k in ("y",) + SPLITS}
         if not np.issubdtype(members["y"].dtype, np.floating):
             small["y"] = as_signed_ids(small["y"], "labels y", str(path))
         num_classes = members["num_classes"].read_all() if "num_classes" in members else None
-        for key in ("edge_index",) + SPLITS:
-            if not np.issubdtype(members[key].dtype, np.integer):
-                raise error(f"{key} must hold integer node ids, got dtype {members[key].dtype}")
         edges, features = members["edge_index"], members["x"]
         if len(edges.shape) != 2 or edges.shape[0] != 2:
             raise error(f"edge_index must have shape [2, num_edges], got {edges.shape}")
