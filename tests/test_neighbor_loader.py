@@ -702,6 +702,40 @@ def test_valid_seeds_and_fanouts_in_every_form_pass():
         assert batch.n_id[:2].tolist() == [3, 7]
 
 
+def test_a_graph_changed_in_place_after_a_loader_was_built_is_sampled_as_it_is_now():
+    # PyG builds its sampler's inputs from the graph for every loader: so do we, where the
+    # cached ones no longer describe it (torch counts each tensor's in-place changes).
+    data = Data(x=torch.arange(7), edge_index=torch.tensor([[1, 2, 3], [0, 0, 0]]),
+                edge_attr=torch.arange(3), w=torch.ones(3), t=torch.zeros(7, dtype=torch.long))
+    NeighborLoader(data, [-1], batch_size=1)
+    NeighborLoader(data, [1], batch_size=1, weight_attr="w")
+    NeighborLoader(data, [-1], batch_size=1, time_attr="t", input_time=torch.tensor([5]))
+    kept = pickle.loads(pickle.dumps(data))  # a copy counts its own changes from here
+    assert cached_csc(kept) is not None
+    data.edge_index[0] += 3
+    batch = next(iter(NeighborLoader(data, [-1], batch_size=1, input_nodes=torch.tensor([0]))))
+    assert batch.n_id.tolist() == [0, 4, 5, 6]
+    check_names_callers_edges(data, batch)
+    assert cached_csc(kept) is not None, "another copy's cache went stale"
+    data.w[0] = 0  # edge 4 -> 0 can no longer be drawn
+    drawn = {int(next(iter(NeighborLoader(data, [1], batch_size=1, weight_attr="w",
+                                          input_nodes=torch.tensor([0])))).n_id[1])
+             for _ in range(40)}
+    assert drawn == {5, 6}
+    data.t[5] = 9  # later than the seed's time 5: no longer a neighbour
+    batch = next(iter(NeighborLoader(data, [-1], batch_size=1, time_attr="t",
+                                     input_nodes=torch.tensor([0]),
+                                     input_time=torch.tensor([5]))))
+    assert sorted(batch.n_id.tolist()) == [0, 4, 6]
+    hetero = HeteroData()
+    hetero["a"].x, hetero["b"].x = torch.arange(7), torch.arange(1)
+    hetero["a", "to", "b"].edge_index = torch.tensor([[1, 2, 3], [0, 0, 0]])
+    NeighborLoader(hetero, [-1], input_nodes="b", batch_size=1)
+    hetero["a", "to", "b"].edge_index[0] += 3
+    batch = next(iter(NeighborLoader(hetero, [-1], input_nodes="b", batch_size=1)))
+    assert batch["a"].n_id.tolist() == [4, 5, 6]
+
+
 def test_nodes_added_after_a_loader_was_built_are_sampled():
     # The same edge_index, more nodes (isolated ones appended): the cached CSC is stale.
     data = random_graph()

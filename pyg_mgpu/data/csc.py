@@ -41,6 +41,7 @@ class CSC:
         derived: What the samplers built from this CSC and keep with it, by key (the time
             order, the weights' forms: :func:`pyg_mgpu.sampling.sampling_graph.derived`);
             each entry has ``share_memory_()``.
+        stamp: ``edge_index``'s :func:`edit_counts` when the CSC was cached with it.
     """
 
     colptr: Tensor
@@ -49,6 +50,12 @@ class CSC:
     edge_index: Optional[Tensor] = None
     host_colptr: Optional[Tensor] = None
     derived: dict = field(default_factory=dict, repr=False, compare=False)
+    stamp: Optional[tuple] = field(default=None, repr=False, compare=False)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.stamp is not None:  # a copy's edits count from here
+            self.stamp = edit_counts((self.edge_index,))
 
     @property
     def num_nodes(self) -> int:
@@ -199,8 +206,25 @@ def build_csc(edge_index: Tensor, num_nodes: int, is_sorted: bool = False,
     return csc
 
 
+def edit_counts(tensors: tuple) -> tuple:
+    """``tensors``' edit counts: torch bumps a tensor's ``_version`` at every in-place change,
+    so a structure built from tensors (a CSC from ``edge_index``, the time order from the
+    timestamps) can tell that they changed in place since, as PyG, which builds them again for
+    every sampler, always sees the graph as it is now. A copy (pickled to a spawned rank,
+    deep-copied) counts afresh: the structures take the counts again as they are unpickled."""
+    return tuple(map(_version, tensors))
+
+
+def _version(tensor: Optional[Tensor]) -> Optional[int]:
+    try:
+        return None if tensor is None else tensor._version
+    except RuntimeError:  # an inference-mode tensor counts no edits (and takes none outside)
+        return None
+
+
 def attach_csc(data: Data, csc: CSC, transpose: bool = False) -> Data:
     """Caches ``csc`` with ``data`` (it must describe ``data.edge_index``, transposed or not)."""
+    csc.stamp = edit_counts((csc.edge_index,))
     data.__dict__[_CACHE_KEYS[transpose]] = csc
     return data
 
@@ -214,6 +238,8 @@ def cached_csc(data: Data, transpose: bool = False,
         return None
     if csc.edge_index is not None and csc.edge_index is not data.get("edge_index"):
         return None  # edge_index was replaced since: stale
+    if csc.stamp is not None and csc.stamp != edit_counts((csc.edge_index,)):
+        return None  # edge_index was changed in place since: stale
     if num_nodes is not None and csc.num_nodes != num_nodes:
         return None  # nodes were added (or removed) since: stale
     return csc

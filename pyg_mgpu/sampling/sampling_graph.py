@@ -10,13 +10,14 @@ edge types (:attr:`SamplingGraph.original`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 
-from pyg_mgpu.data.csc import CSC, csc_of, edge_type_csc, share_data
+from pyg_mgpu.data.csc import CSC, csc_of, edge_type_csc, edit_counts, share_data
 from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.numbering import lookup_type, unseen
 from pyg_mgpu.sampling.weighted import EdgeWeights, edge_weights
@@ -232,10 +233,17 @@ def time_order(csc: CSC, node_time: Optional[Tensor], edge_time: Optional[Tensor
                    lambda: temporal.sort_by_time(csc, node_time, edge_time))
 
 
-class Derived(NamedTuple):
-    """A structure built from a CSC and other ``inputs``, kept with the CSC (:func:`derived`)."""
+@dataclass
+class Derived:
+    """A structure built from a CSC and other ``inputs``, kept with the CSC (:func:`derived`),
+    with the inputs' edit counts when it was built."""
     inputs: tuple
     value: Any
+    stamp: tuple  # the inputs' edit_counts before the build read them
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.stamp = edit_counts(self.inputs)  # a copy's edits count from here
 
     def share_memory_(self) -> "Derived":
         """Moves ``value``'s tensors to shared memory (what :func:`~pyg_mgpu.data.csc.share_data`
@@ -253,16 +261,18 @@ def derived(csc: CSC, key: tuple, inputs: tuple, build: Callable[[], Any]) -> An
     moves it to shared memory with the CSC, so spawned ranks map the parent's pages, and
     batches drop it with the CSC. A new ``edge_index`` means a new CSC, and so a new build;
     a time or weight tensor replaced since (compared by identity, as the CSC's
-    ``edge_index``) is built again. An input changed in place is not seen.
+    ``edge_index``), or changed in place (:func:`~pyg_mgpu.data.csc.edit_counts`), is built
+    again.
     """
     forms = csc.derived
     entry = forms.get(key)
     if entry is not None and len(entry.inputs) == len(inputs) and all(
-            a is b for a, b in zip(entry.inputs, inputs)):
+            a is b for a, b in zip(entry.inputs, inputs)) and entry.stamp == edit_counts(inputs):
         return entry.value
     forms.pop(key, None)  # the stale one is freed before its successor is built
+    stamp = edit_counts(inputs)  # before the build reads them
     value = build()
-    forms[key] = Derived(inputs, value)
+    forms[key] = Derived(inputs, value, stamp)
     return value
 
 
