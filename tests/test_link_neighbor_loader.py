@@ -84,6 +84,37 @@ def test_distributed_epochs_use_every_seed_edge_once_in_equal_steps(num_edges, w
     assert not torch.equal(orders[0], orders[1])  # set_epoch reshuffles
 
 
+@pytest.mark.parametrize("options", [{"neg_sampling_ratio": 1.0},
+                                     {"neg_sampling": dict(mode="triplet", amount=2)}])
+def test_an_epoch_continued_from_a_step_draws_what_the_whole_epoch_drew(options):
+    # As a checkpoint of a link predictor resumes: the epoch and step, and the sampler's
+    # generator as it was before that step.
+    data = graph()
+
+    def loader():
+        return pyg_mgpu.LinkNeighborLoader(data, [3, 2], batch_size=16, shuffle=True,
+                                           distributed=True, rank=1, world_size=2, seed=3,
+                                           **options)
+    whole = loader()
+    whole.set_epoch(2)
+    batches, states = [], []
+    for batch in whole:
+        batches.append(batch)
+        states.append(whole.sampler_state())  # the state before the next batch
+    resumed = loader()
+    resumed.set_epoch(2, start_step=5)
+    resumed.link_sampler.generator.set_state(states[4])
+    assert len(resumed) == len(batches) - 5 == 8
+    rest = list(resumed)
+    assert len(rest) == 8
+    for x, y in zip(rest, batches[5:]):
+        for key in x.keys():
+            if isinstance(x[key], torch.Tensor):
+                assert torch.equal(x[key], y[key]), key
+    with pytest.raises(ValueError, match="start_step needs distributed=True"):
+        pyg_mgpu.LinkNeighborLoader(data, [2], batch_size=16).set_epoch(0, start_step=1)
+
+
 def test_each_rank_draws_its_own_negatives_and_repeats_them():
     data = graph()
 

@@ -23,7 +23,8 @@ from torch_geometric.loader.utils import get_edge_label_index
 
 from pyg_mgpu.sampling.checks import check_edge_label_index, check_per_seed_edge
 from pyg_mgpu.sampling.neighbor_loader import (EpochBatchSampler, TransformAfterCsc,
-                                               rank_sampler, sampler_options, shard_epochs)
+                                               rank_sampler, sampler_options, select_epoch,
+                                               shard_epochs)
 from pyg_mgpu.sampling.neighbor_sampler import NeighborSampler
 
 
@@ -91,8 +92,22 @@ class LinkNeighborLoader(PyGLinkNeighborLoader):
                          filter_per_worker=filter_per_worker, neighbor_sampler=neighbor_sampler,
                          **kwargs)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Selects the epoch's permutation of the seed edges (``distributed=True``; otherwise
-        does nothing)."""
-        if self.epoch_sampler is not None:
-            self.epoch_sampler.set_epoch(epoch)
+        does nothing).
+
+        ``start_step`` skips the epoch's first batches without sampling them, to continue an
+        epoch from a checkpoint; ``len(loader)`` then counts the batches left. To draw the
+        neighbours and negatives the uninterrupted epoch would have drawn, also restore the
+        sampler's generator (``loader.link_sampler.generator.set_state``) to the
+        :meth:`sampler_state` recorded before batch ``start_step``.
+        """
+        select_epoch(self.epoch_sampler, epoch, start_step)
+
+    def sampler_state(self) -> Optional[Tensor]:
+        """The sampler's generator state, from before the next batch is drawn (without
+        DataLoader workers, which draw ahead with generators of their own): what a checkpoint
+        records for :meth:`set_epoch`'s ``start_step``. None where the sampler has no
+        generator of its own."""
+        generator = getattr(self.link_sampler, "generator", None)
+        return None if generator is None else generator.get_state()

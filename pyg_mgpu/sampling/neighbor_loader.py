@@ -247,11 +247,7 @@ class NeighborLoader(PyGNeighborLoader):
         uninterrupted epoch would have drawn, also restore the sampler's generator state as it
         was before batch ``start_step`` (the trainer's checkpoints hold it).
         """
-        if self.epoch_sampler is not None:
-            self.epoch_sampler.set_epoch(epoch, start_step)
-        elif start_step:
-            raise ValueError("start_step needs distributed=True (its epochs are what a "
-                             "checkpoint can name a position in).")
+        select_epoch(self.epoch_sampler, epoch, start_step)
 
     def collate_fn(self, index):
         if self.sample_batches == 1:
@@ -286,6 +282,17 @@ class NeighborLoader(PyGNeighborLoader):
         if self._walks is not None and self._walks.pending:
             return self._walks.state_before
         return generator.get_state()
+
+
+def select_epoch(epoch_sampler: Optional[EpochBatchSampler], epoch: int,
+                 start_step: int) -> None:
+    """A loader's ``set_epoch``: the epoch's permutation with ``distributed=True``; otherwise
+    nothing (and no ``start_step``)."""
+    if epoch_sampler is not None:
+        epoch_sampler.set_epoch(epoch, start_step)
+    elif start_step:
+        raise ValueError("start_step needs distributed=True (its epochs are what a "
+                         "checkpoint can name a position in).")
 
 
 def rank_and_world_size(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
