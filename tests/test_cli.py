@@ -117,6 +117,23 @@ def test_flags_that_do_nothing_here_are_named():
     assert TrainConfig.from_flags().ignored_flags("cpu") == []  # defaults are never named
 
 
+@pytest.mark.parametrize("dataset", ["cora", "synthetic-hetero"])
+def test_synthetic_sizes_given_with_another_dataset_are_named(dataset):
+    from pyg_mgpu.train.config import TrainConfig
+
+    sized = TrainConfig.from_flags(dataset=dataset, split_fractions="0.2,0.1,0.1", num_nodes=99)
+    assert sized.ignored_flags("cpu") == [
+        "--num-nodes, --split-fractions size the embedded synthetic graph (--dataset synthetic); "
+        f"--dataset {dataset} ignores them."]
+    assert TrainConfig.from_flags(dataset=dataset, num_classes=3).ignored_flags("cpu") == [
+        "--num-classes sizes the embedded synthetic graph (--dataset synthetic); "
+        f"--dataset {dataset} ignores it."]
+    assert TrainConfig.from_flags(dataset=dataset, split_fractions="0.5,0.1,0.2",
+                                  num_nodes=50_000).ignored_flags("cpu") == []  # the defaults
+    assert TrainConfig.from_flags(num_nodes=99, split_fractions="0.2,0.1,0.1").ignored_flags(
+        "cpu") == []
+
+
 def test_more_than_4_cpu_ranks_per_core_are_refused_before_the_data_loads(tmp_path, capsys,
                                                                           monkeypatch):
     from pyg_mgpu.train import dataset

@@ -113,6 +113,14 @@ class TrainConfig:
         elif device_type == "cpu" and self.performance.fused_aggregation:
             ignored.append("--fused-aggregation runs Triton kernels on GPUs; these ranks run "
                            "on the CPU and aggregate with embedding_bag.")
+        if self.data.dataset.lower() != "synthetic":
+            sized = [flag_of(f.name) for f in flag_fields(self.synthetic)
+                     if _differs(getattr(self.synthetic, f.name), f.default)]
+            one = len(sized) == 1
+            if sized:
+                ignored.append(f"{', '.join(sized)} {'sizes' if one else 'size'} the embedded "
+                               f"synthetic graph (--dataset synthetic); --dataset "
+                               f"{self.data.dataset} ignores {'it' if one else 'them'}.")
         if device_type == "cpu":
             p = self.performance
             if p.graph_on in ("gpu", "host"):
@@ -187,3 +195,10 @@ _GROUP_OF = {setting.name: group.name for group in fields(TrainConfig)
 TrainConfig.RESUME_MUST_MATCH = tuple(
     f.name for group in fields(TrainConfig) for f in flag_fields(group.default_factory)
     if f.metadata["same_on_resume"])
+
+
+def _differs(value: Any, default: Any) -> bool:
+    """Whether a setting was given another value than its default (lists and tuples alike)."""
+    if isinstance(default, (list, tuple)):
+        return tuple(value) != tuple(default)
+    return value != default

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -337,9 +337,9 @@ def _run_training(ctx: RankContext, graph: TrainingGraph, cfg: TrainConfig, out_
             tqdm.write(f"resumed from {cfg.faults.resume}, {describe(ckpt)}")
             changed = data.plan.differences(ckpt.get("plan"))
             if changed:  # another machine, or flags left to their defaults that resolve anew
-                warnings.warn(f"the resumed run's plan differs from its checkpoint's: "
-                              f"{'; '.join(changed)}; it continues, but not with the batches "
-                              "or speed the run had", stacklevel=2)
+                tqdm.write(f"warning: the resumed run's plan differs from its checkpoint's: "
+                           f"{'; '.join(changed)}; it continues, but not with the batches or "
+                           "speed the run had.", file=sys.stderr)
     board = TensorBoardLog.for_run(out, cfg.to_dict(), is_main=ctx.is_main,
                                 first_epoch=progress.next_epoch)
     progress = fit(cfg, ctx, trainee, data, progress, out,
