@@ -481,6 +481,14 @@ def test_bad_npz_is_one_error_line_on_the_cli(tmp_path, capsys, change):
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
 
 
+def test_a_class_count_stored_as_a_one_element_array_is_read(tmp_path):
+    np.savez(tmp_path / "g.npz", **{**good_arrays(), "num_classes": np.array([3])})
+    assert load_graph(str(tmp_path / "g.npz")).num_classes == 3
+    (tmp_path / "folder.npz").mkdir()
+    with pytest.raises(DatasetError, match="folder.npz: a folder, not a file"):
+        load_graph(str(tmp_path / "folder.npz"))
+
+
 def test_empty_classes_load_when_the_file_says_how_many_there_are(tmp_path):
     arrays = {**good_arrays(), "y": np.array([0, 1, 0, 1, 0, 9])}
     np.savez(tmp_path / "g.npz", **{**arrays, "num_classes": np.int64(10)})

@@ -162,7 +162,7 @@ def load_npz(path: Path) -> ConvertedGraph:
         return DatasetError(f"{path}: {problem}. The file must contain {_NPZ_CONTENTS}.")
 
     if not path.is_file():
-        raise error("no such file")
+        raise error("a folder, not a file" if path.is_dir() else "no such file")
     try:
         members = {k: NpzArray(path, info) for k, info in npz_members(path).items()
                    if k in NPZ_KEYS + ("num_classes",)}
@@ -193,9 +193,9 @@ def load_npz(path: Path) -> ConvertedGraph:
                         "separate feature columns" if features.dtype.kind == "c" else ""))
         x = features.read_into(torch.empty(features.shape, dtype=_feature_dtype(features)))
         if num_classes is not None:
-            if num_classes.ndim != 0 or not np.issubdtype(num_classes.dtype, np.integer):
+            if num_classes.size != 1 or not np.issubdtype(num_classes.dtype, np.integer):
                 raise error(f"num_classes must be one integer, got {num_classes!r}")
-            num_classes = int(num_classes)
+            num_classes = int(num_classes.reshape(()))
         else:
             _check_label_gaps(small["y"], error)
         # Named by the full path, validation messages say which file is wrong.
