@@ -59,3 +59,32 @@ def test_the_clis_loader_is_measured(amp, row_bytes):
 def test_the_command_refuses_no_batches(capsys):
     assert main(["--batches", "0"]) == 2
     assert "--batches must be a positive number" in capsys.readouterr().err
+
+
+def test_the_header_names_the_seeds_a_batch_held():
+    result = {"batches": 4, "batch_size": 256, "fanout": [10, 5], "device": "cpu",
+              "plan": {"graph_on": "cpu", "sample_batches": 8}, "nodes_per_hop": [250.0, 9.0],
+              "edges_per_hop": [12.0], "nodes": 259.0, "edges": 12.0, "feature_bytes": 10.0,
+              "feature_row_bytes": 4.0}
+    assert format_sizes(result).startswith(
+        "4 training batches of 250 seeds (--batch-size 256: each rank's shard is cut into "
+        "equal batches), fanout 10,5")
+    result["nodes_per_hop"][0] = 256.0
+    assert format_sizes(result).startswith("4 training batches of 256 seeds, fanout 10,5")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "synthetic-hetero"], "--dataset synthetic-hetero is heterogeneous"),
+    (["--json", "/nonexistent-folder/sizes.json"],
+     "--json /nonexistent-folder/sizes.json: cannot write there (No such file or directory)"),
+])
+def test_the_command_refuses_what_it_cannot_measure_or_write_before_measuring(
+        capsys, monkeypatch, argv, message):
+    from pyg_mgpu.tools import batch_sizes as module
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured")
+    monkeypatch.setattr(module, "batch_sizes", measured)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, err

@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,18 @@ def test_the_lean_part_runs_the_first_calls_steps_with_the_gpus_modes(tmp_path):
     full = subprocess.run(["bash", str(GPU_SUITE), str(tmp_path), "full"], capture_output=True,
                           text=True, env={**os.environ, "DRY_RUN": "1"}, check=True).stdout
     assert "--epochs 3" in full and "pyg_recipe" in full
+
+
+def test_the_dgl_side_gets_the_same_loader_settings(tmp_path, monkeypatch):
+    commands = []
+    monkeypatch.setattr(bench, "_run", lambda cmd, out, train_nodes: commands.append(cmd) or {})
+    args = bench.build_parser().parse_args(
+        ["--num-nodes", "300", "--num-edges", "3000", "--num-workers", "2", "--nprocs", "1",
+         "--batch-size", "32", "--dgl-python", sys.executable, "--out", str(tmp_path)])
+    bench._run_dgl(args, tmp_path / "dgl")
+    flags = dict(zip(commands[0][2::2], commands[0][3::2]))
+    assert flags["--num-workers"] == "2" and flags["--batch-size"] == "32"
+    assert flags["--nprocs"] == "1"
 
 
 def test_every_system_the_gpu_suite_names_is_the_benchs(tmp_path):

@@ -5,6 +5,7 @@ written by hand, or tiny stand-in commands that write one.
 """
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -202,8 +203,33 @@ print("epoch 1\\repoch 2\\rdone")
 """
 
 
+def stand_in_dgl(folder: Path, monkeypatch, importable: bool = True) -> None:
+    """A ``dgl`` package on the PYTHONPATH of the processes the test starts, which imports or
+    fails as DGL missing does."""
+    (folder / "dgl").mkdir(parents=True)
+    (folder / "dgl" / "__init__.py").write_text(
+        "" if importable else "raise ModuleNotFoundError(\"No module named 'dgl'\")\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+
+
+def test_a_dgl_python_without_dgl_is_refused_before_any_side_trains(tmp_path, monkeypatch,
+                                                                    capsys):
+    stand_in_dgl(tmp_path / "site", monkeypatch, importable=False)
+
+    def trained(*args, **kwargs):
+        raise AssertionError("a side was started")
+    monkeypatch.setattr(compare_dgl, "side_commands", trained)
+    assert main(["--dgl-python", sys.executable, "--out", str(tmp_path / "out")]) == \
+        EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --dgl-python {sys.executable}: cannot import dgl "
+                          "(ModuleNotFoundError: No module named 'dgl')"), err
+
+
 def test_end_to_end_with_stand_in_sides(tmp_path, monkeypatch, capsys):
     """The orchestration (export, one run per side and seed, outputs) with fake trainers."""
+    stand_in_dgl(tmp_path / "site", monkeypatch)
     script = tmp_path / "fake_side.py"
     script.write_text(FAKE_SIDE)
     seen = []

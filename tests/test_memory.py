@@ -225,6 +225,23 @@ def test_a_command_that_ends_before_the_first_sample_is_reported(tmp_path, capsy
     assert report["num_processes"] == 0 and report["exit_code"] == code
 
 
+def test_a_command_whose_first_sample_holds_a_child_is_reported_without_a_load_peak(
+        tmp_path, capsys, monkeypatch):
+    # A wrapper (sh -c, torchrun) that starts its child before the first sample: no sample
+    # shows the command alone, so there is no load-time peak to report.
+    parts = {"pss": 10 * MB, "anon": 4 * MB, "shmem": 2 * MB, "file": 4 * MB}
+    monkeypatch.setattr(memory, "tree_pss", lambda pid: {pid: parts, os.getpid(): parts})
+    out = tmp_path / "m.json"
+    assert main(["--out", str(out), "--", "sh", "-c", "sleep 0.5; exit 3"]) == 3
+    printed = capsys.readouterr().out
+    assert "no load-time peak: the command started a child process before the first sample" \
+        in printed
+    assert "RAM (PSS outside shared memory + /dev/shm growth) peaked at" in printed
+    report = json.loads(out.read_text())
+    assert report["exit_code"] == 3 and report["load_peak_ram_mb"] is None
+    assert report["peak_total_pss_mb"] == 20
+
+
 def test_help_is_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from pyg_mgpu.files import save_text
 from pyg_mgpu.tools.cli import Parser, add_setting_flags
 
 if TYPE_CHECKING:
@@ -97,7 +98,10 @@ def batch_sizes(cfg, batches: int = 8) -> dict:
 def format_sizes(result: dict) -> str:
     """The sizes as Markdown: a row per hop, then the batch's totals."""
     plan = result["plan"]
-    lines = [f"{result['batches']} training batches of {result['batch_size']:,} seeds, fanout "
+    seeds = result["nodes_per_hop"][0]  # at most the batch size: shards cut into equal batches
+    cut = (f" (--batch-size {result['batch_size']:,}: each rank's shard is cut into equal "
+           "batches)" if round(seeds) != result["batch_size"] else "")
+    lines = [f"{result['batches']} training batches of {seeds:,.0f} seeds{cut}, fanout "
              f"{','.join(map(str, result['fanout']))}, on {result['device']} (graph on "
              f"{plan['graph_on']}, {plan['sample_batches']} batches per walk); means per batch:",
              "", "| hop | new nodes | sampled edges |", "| --- | --- | --- |"]
@@ -131,14 +135,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if batches < 1:
             raise ConfigError(f"--batches must be a positive number, got {batches}.")
-        result = batch_sizes(TrainConfig.from_flags(**args), batches)
+        if json_out:  # refused now, not after the measurement
+            _check_json_out(Path(json_out))
+        cfg = TrainConfig.from_flags(**args)
+        if cfg.data.is_hetero:
+            raise ConfigError(f"--dataset {cfg.data.dataset} is heterogeneous; this measures "
+                              "the batches of homogeneous graphs (one node and edge type).")
+        result = batch_sizes(cfg, batches)
     except (ConfigError, ValueError, OSError) as e:
         print(f"error: {in_flags(e)}", file=sys.stderr)
         return 2
     print(format_sizes(result), end="")
     if json_out:
-        Path(json_out).write_text(json.dumps(result, indent=1) + "\n")
+        try:
+            save_text(json.dumps(result, indent=1) + "\n", Path(json_out))
+        except OSError as e:
+            print(f"error: --json {json_out}: cannot write there ({e.strerror}); the sizes are "
+                  "printed above.", file=sys.stderr)
+            return 1
     return 0
+
+
+def _check_json_out(path: Path) -> None:
+    from pyg_mgpu.files import check_writable
+    from pyg_mgpu.train.config import ConfigError
+
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "a folder")
+        check_writable(path.parent)
+    except OSError as e:
+        raise ConfigError(f"--json {path}: cannot write there ({e.strerror}); choose a file "
+                          "in a writable folder.") from None
 
 
 if __name__ == "__main__":

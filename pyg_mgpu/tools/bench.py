@@ -264,6 +264,7 @@ def _run_dgl(args, out: Path) -> dict:
     cmd = [python, str(DGL_SCRIPT), "--npz", str(npz), "--nprocs", str(args.nprocs),
            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
            "--fanout", args.fanout, "--hidden", str(args.hidden), "--seed", str(args.seed),
+           "--num-workers", str(args.num_workers),
            "--devices", "cpu" if args.devices == "cpu" else "auto", "--out", str(out)]
     result = _run(cmd, out, train_nodes)
     npz.unlink(missing_ok=True)

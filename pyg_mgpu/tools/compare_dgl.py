@@ -196,6 +196,13 @@ def resolve_dgl_python(given: Optional[str]) -> str:
         if not (os.path.isfile(given) and os.access(given, os.X_OK)):
             raise CompareError(f"--dgl-python {given}: not an executable file; pass the python "
                                "of an environment with DGL, or leave the flag out to build one.")
+        # Checked before the pyg_mgpu side trains, which would be lost to a failed DGL side.
+        found = subprocess.run([given, "-c", "import dgl"], capture_output=True, text=True)
+        if found.returncode != 0:
+            last = (found.stderr.strip().splitlines() or ["no output"])[-1]
+            raise CompareError(f"--dgl-python {given}: cannot import dgl ({last}); pass the "
+                               "python of an environment with DGL, or leave the flag out to "
+                               "build one.")
         return given
     if not DGL_ENV_SCRIPT.is_file():
         raise CompareError(f"{DGL_ENV_SCRIPT} is missing (pyg_mgpu runs outside its checkout?); "

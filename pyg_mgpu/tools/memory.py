@@ -259,17 +259,24 @@ def _print_summary(report: dict) -> None:
     for proc in report["processes"]:
         print(f"  pid {proc['pid']:>7}  own peak {proc['peak_pss_mb']:8.1f} MB  at total peak "
               f"{_split_text(proc['at_total_peak'])}  {proc['command'][:60]}")
-    print(f"memory: load-time peak (before the first child process) "
-          f"{report['load_peak_pss_mb']:.1f} MB at {report['load_peak_at_s']:.1f}s")
+    loaded = report["load_peak_pss_mb"] > 0  # a sample before the first child process
+    if loaded:
+        print(f"memory: load-time peak (before the first child process) "
+              f"{report['load_peak_pss_mb']:.1f} MB at {report['load_peak_at_s']:.1f}s")
+    else:
+        print("memory: no load-time peak: the command started a child process before the "
+              "first sample")
     if report["peak_ram_mb"] is not None:
         print(f"memory: RAM (PSS outside shared memory + /dev/shm growth) peaked at "
-              f"{report['peak_ram_mb']:.1f} MB, {report['load_peak_ram_mb']:.1f} MB while "
-              "loading")
+              f"{report['peak_ram_mb']:.1f} MB" + (
+                  f", {report['load_peak_ram_mb']:.1f} MB while loading"
+                  if report["load_peak_ram_mb"] is not None else ""))
     if report["dataset_bytes"] is not None:
         print(f"memory: dataset {report['dataset_bytes'] / MB:.1f} MB; peak total PSS / dataset "
-              f"= {report['peak_total_pss_per_dataset']:.2f}; load-time peak / dataset = "
-              f"{report['load_peak_pss_per_dataset']:.2f} (PSS), "
-              f"{report['load_peak_ram_per_dataset'] or float('nan'):.2f} (RAM)")
+              f"= {report['peak_total_pss_per_dataset']:.2f}" + (
+                  f"; load-time peak / dataset = {report['load_peak_pss_per_dataset']:.2f} "
+                  f"(PSS), {report['load_peak_ram_per_dataset'] or float('nan'):.2f} (RAM)"
+                  if loaded else ""))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
