@@ -125,7 +125,15 @@ def test_the_command_prints_and_writes_the_table(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed == (tmp_path / "kernels.md").read_text() and "`gemm`" in printed
     assert main([str(tmp_path / "missing")]) == 2
+    assert f"{tmp_path / 'missing'}: no such folder or file" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 2
     assert "neither trace.json nor kernels.csv" in capsys.readouterr().err
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "trace.json").write_text('{"traceEvents": [{"na')
+    assert main([str(tmp_path / "cut")]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: {tmp_path / 'cut' / 'trace.json'}: not a whole JSON trace (")
 
 
 def test_csv_rows_of_a_cpu_run_are_its_ops(tmp_path):

@@ -74,6 +74,12 @@ def test_cli_compares_runs_side_by_side(tmp_path, capsys):
     assert "fast" in printed and "report.md" in printed
 
 
+def test_a_runs_metrics_json_names_its_run(tmp_path):
+    run = write_run(tmp_path / "only")
+    assert main([str(run / "metrics.json"), "--out", str(tmp_path / "report")]) == 0
+    assert "only" in (tmp_path / "report" / "report.md").read_text()
+
+
 def test_cli_defaults_out_to_the_first_run(tmp_path):
     run = write_run(tmp_path / "only")
     assert main([str(run)]) == 0
@@ -104,6 +110,7 @@ NO_FOLDER = object()
 
 @pytest.mark.parametrize("content, expected", [
     (NO_FOLDER, "no such folder"),
+    ("a file", "a file, not a run folder"),
     (None, "has no metrics.json"),
     ("{not json", "cannot be read as JSON"),
     ('{"epochs": []}', "per-epoch records"),
@@ -111,7 +118,9 @@ NO_FOLDER = object()
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, content, expected):
     run = tmp_path / "run"
-    if content is not NO_FOLDER:
+    if content == "a file":
+        run.write_text("")
+    elif content is not NO_FOLDER:
         run.mkdir()
         if content is not None:
             (run / "metrics.json").write_text(content)

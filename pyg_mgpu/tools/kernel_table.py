@@ -243,9 +243,16 @@ def kernel_table(run: Path) -> KernelTable:
         trace, kernels = run / "trace.json", run / "kernels.csv"
     if trace.is_file():
         with open(trace) as f:
-            return table_from_trace(json.load(f))
+            try:
+                loaded = json.load(f)
+            except ValueError as e:
+                raise ValueError(f"{trace}: not a whole JSON trace ({e}); it may be truncated: "
+                                 "trace the run again") from None
+        return table_from_trace(loaded)
     if kernels.is_file():
         return table_from_csv(kernels)
+    if not run.exists():
+        raise FileNotFoundError(f"{run}: no such folder or file")
     raise FileNotFoundError(f"{run} holds neither trace.json nor kernels.csv: run "
                             "python -m pyg_mgpu.distributed_sampling with --trace-steps N and "
                             "--out there")

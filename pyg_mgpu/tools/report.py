@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    # A run's metrics.json names its run
+    args.runs = [run.parent if run.name == "metrics.json" and run.is_file() else run
+                 for run in args.runs]
     out = args.out or args.runs[0]
     try:
         runs = {label: load_metrics(d) for label, d in zip(_labels(args.runs), args.runs)}

@@ -68,7 +68,8 @@ def load_metrics(run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     path = run_dir / "metrics.json"
     if not run_dir.is_dir():
-        raise RunError(f"{run_dir}: no such folder; {RUN_HINT}")
+        raise RunError(f"{run_dir}: " + ("a file, not a run folder" if run_dir.exists() else
+                                         "no such folder") + f"; {RUN_HINT}")
     if not path.is_file():
         raise RunError(f"{run_dir}: has no metrics.json (did the run finish?); {RUN_HINT}")
     try:
