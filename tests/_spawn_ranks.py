@@ -1,4 +1,5 @@
 """Rank functions for the spawn and evaluation tests (module level, so spawned ranks import them)."""
+import os
 from unittest import mock
 
 import torch
@@ -34,6 +35,15 @@ def raise_on_rank_one(ctx):
 
 def _fail_deep_inside():
     raise ValueError("rank one gives up")
+
+
+def exit_quietly_on_rank_one(ctx, wait_in_barrier):
+    """Rank 1 ends its process with code 0 before its function returns (os._exit(0), as some
+    libraries do); rank 0 returns, or waits for it in a barrier."""
+    if ctx.rank == 1:
+        os._exit(0)
+    if wait_in_barrier:
+        torch.distributed.barrier()
 
 
 class Logits(torch.nn.Module):

@@ -104,6 +104,18 @@ def test_refuses_what_pyg_refuses():
         pyg_mgpu.BidirectionalNeighborSampler(data, [2], time_attr="time")
 
 
+def test_repeated_seeds_are_refused_where_the_merge_would_shift_them():
+    # PyG's merge keeps one copy of a repeated seed, and the next node took its place among
+    # the batch's seeds; one tree per seed position keeps them all.
+    data = random_graph()
+    with pytest.raises(ValueError, match="disjoint=False needs distinct seeds"):
+        sample(pyg_mgpu.BidirectionalNeighborSampler(data, [-1, -1], seed=0), [0, 7, 7, 21])
+    out = sample(pyg_mgpu.BidirectionalNeighborSampler(data, [-1, -1], seed=0, disjoint=True),
+                 [0, 7, 7, 21])
+    assert out.node[:4].tolist() == [0, 7, 7, 21]
+    assert sum(out.num_sampled_nodes) == out.node.numel()
+
+
 @pytest.mark.parametrize("seeds", [[0, 1, 2], [5, 5, 9]])
 @pytest.mark.parametrize("dtype", [torch.long, torch.int32])
 def test_disjoint_trees_are_each_seeds_own_undirected_neighbourhood(seeds, dtype):

@@ -163,6 +163,17 @@ def test_pinned_data_refuses_a_graph_on_the_gpu(monkeypatch):
         pyg_mgpu.pinned_data(data, torch.device("cuda", 0))
 
 
+def test_pinned_data_refuses_a_heterogeneous_graph():
+    from torch_geometric.data import HeteroData
+
+    import pyg_mgpu
+    data = HeteroData()
+    data["a"].num_nodes = 2
+    data["a", "to", "a"].edge_index = torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match="pinned_data takes a homogeneous Data, got a HeteroData"):
+        pyg_mgpu.pinned_data(data, torch.device("cuda", 0))
+
+
 def test_a_copy_instead_of_a_view_is_refused(monkeypatch):
     monkeypatch.setattr(pinned.torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(pinned.torch, "as_tensor", lambda mapped, device=None:

@@ -48,6 +48,24 @@ def test_homogeneous_store_batches_name_the_callers_nodes_and_edges():
     assert sorted(torch.cat(seen).tolist()) == list(range(100))
 
 
+@pytest.mark.parametrize("input_nodes, message", [
+    (None, "a (FeatureStore, GraphStore) pair needs its seeds named"),
+    (torch.tensor([1, 2, 500]), "input_nodes holds node ids from 1 to 500, but the graph's ids "
+                                "run from 0 to 199"),
+    (torch.ones(10, dtype=torch.bool), "input_nodes is a mask of 10 entries, but the graph has "
+                                       "200 nodes"),
+])
+def test_store_seeds_are_checked_when_the_loader_is_built(input_nodes, message):
+    # As a Data's: a PyG loader over stores fails mid-epoch, or trains on part of the split.
+    stores = remote_homogeneous(random_graph())
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        pyg_mgpu.NeighborLoader(stores, [2], input_nodes=input_nodes, batch_size=8)
+    hetero = remote_hetero(academic_graph())
+    with pytest.raises(ValueError, match="input_nodes of type 'paper' holds node ids"):
+        pyg_mgpu.NeighborLoader(hetero, [2], input_nodes=("paper", torch.tensor([10**6])),
+                                batch_size=8)
+
+
 def test_homogeneous_store_all_neighbours_equal_the_data_forms():
     data = random_graph()
     seeds = torch.tensor([3, 50, 7])

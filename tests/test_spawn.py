@@ -55,6 +55,14 @@ def test_a_failed_rank_ends_the_job_with_its_traceback():
 
 
 
+@pytest.mark.parametrize("wait_in_barrier", [False, True], ids=["peer returns", "peer waits"])
+def test_a_rank_that_exits_before_its_function_returns_is_a_failure(wait_in_barrier):
+    with pytest.raises(RankFailed) as err:
+        spawn(_spawn_ranks.exit_quietly_on_rank_one, args=(wait_in_barrier,), devices="cpu",
+              nprocs=2, timeout_s=120)
+    assert str(err.value).startswith("rank 1 exited with code 0 before its function returned")
+
+
 @pytest.mark.slow
 def test_ranks_wait_for_rank0s_own_work_past_the_collective_timeout():
     # PyG's whole-graph inference runs on rank 0 alone after training: a peer waiting in a
@@ -304,4 +312,9 @@ def test_what_a_new_process_cannot_start_is_refused_before_starting_any(monkeypa
         spawn(_spawn_ranks.record_context, args=Data(x=torch.ones(2)), devices="cpu")
     assert started == []
     spawn(_spawn_ranks.record_context, args=[1], devices="cpu")  # a list is a tuple here
+    assert len(started) == 1
+    # python - < script.py: each new process would run "<stdin>" again, whatever fn is
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "<stdin>", raising=False)
+    with pytest.raises(TypeError, match="the main script is read from <stdin>"):
+        spawn(_spawn_ranks.record_context, args=[1], devices="cpu")
     assert len(started) == 1

@@ -117,6 +117,10 @@ def pinned_data(data: Data, device: torch.device, runtime: Any = None) -> Data:
             loader = pyg_mgpu.NeighborLoader(data, [15, 10, 5], input_nodes=train_idx,
                                              batch_size=1024, distributed=True)
     """
+    if hasattr(data, "edge_types"):  # a HeteroData
+        raise ValueError(f"pinned_data takes a homogeneous Data, got a {type(data).__name__}; "
+                         "move a heterogeneous graph to the GPU whole, or sample it from "
+                         "host memory.")
     csc = csc_of(data)
     if any(t.is_cuda for t in csc.tensors()):
         raise ValueError("pinned_data needs the graph in host memory; its edge_index is on "

@@ -157,6 +157,11 @@ def check_rank_function(fn: Callable, args) -> None:
                         "process, which imports it by name: define it with def at the top "
                         "level of a .py file (not a lambda, a nested function or a notebook "
                         "cell), or run under torchrun.")
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if isinstance(main_file, str) and main_file.startswith("<"):  # python - < script.py
+        raise TypeError(f"the main script is read from {main_file}, which the new processes "
+                        "run again to start and cannot: save it as a .py file and run "
+                        "python FILE, or run under torchrun.")
 
 
 def spawn(fn: Callable[..., None], args: tuple = (), devices: str = "auto",

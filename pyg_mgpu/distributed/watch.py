@@ -189,11 +189,22 @@ def raise_for(outcome: Outcome, launcher_signal: int, report_dir: str,
     # Ended by the very signal the launcher forwarded: stopped, not failed (see stopped_by).
     killed = [i for i in outcome.killed_by_signal if i not in reports
               and outcome.exit_codes[i] != stopped_by(launcher_signal)]
-    if killed:  # the cause: a peer's report is then the lost connection it left behind
-        index = killed[0]
+    # Exited with code 0 with no report: its function neither returned, raised nor stopped
+    # (os._exit(0), a library that ends the process). Not a success; like a killed rank, the
+    # cause of its peers' lost connections. (During the launcher's stop, a rank interrupted
+    # before its function ran exits 0 too: torch's wrapper swallows the interrupt.)
+    accounted = reports.keys() | done_reports(report_dir) | stop_reports(report_dir).keys()
+    vanished = [] if launcher_signal else [i for i, code in enumerate(outcome.exit_codes)
+                                           if code == 0 and i not in accounted]
+    lost = killed or vanished
+    if lost:  # the cause: a peer's report is then the lost connection it left behind
+        index = lost[0]
         then = "".join(f"; then rank {r} failed: {reports[r][1].strip().splitlines()[-1]}"
                        for r in sorted(reports))
-        raise RankFailed(_killed_message(index, outcome.exit_codes[index]) + during + then)
+        cause = (_killed_message(index, outcome.exit_codes[index]) if killed else
+                 f"rank {index} exited with code 0 before its function returned (os._exit, "
+                 "or a library that ends the process)")
+        raise RankFailed(cause + during + then)
     if reports:  # it raised: name the earliest of the ranks that did
         rank = min(reports, key=lambda r: reports[r][0])
         raise RankFailed(f"rank {rank} failed{during}:\n{reports[rank][1]}")

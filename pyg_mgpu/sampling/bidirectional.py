@@ -117,6 +117,14 @@ class BidirectionalNeighborSampler(PyGBidirectionalSampler):
 
     def _sample(self, seed, seed_time=None, **kwargs) -> SamplerOutput:
         if not self.disjoint:
+            # PyG's merge of the two directions keeps one copy of a repeated seed, which
+            # shifts the next node into the batch's seed positions (n_id[:batch_size]): its
+            # label would be trained on as a seed's.
+            if seed.unique().numel() != seed.numel():
+                raise ValueError("BidirectionalNeighborSampler with disjoint=False needs "
+                                 "distinct seeds in a batch (a sampler drawing seeds with "
+                                 "replacement repeats them); pass disjoint=True, which keeps "
+                                 "every seed position, or draw seeds without replacement.")
             return super()._sample(seed, seed_time, **kwargs)
         return self._sample_trees(seed)
 

@@ -15,8 +15,10 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Data, HeteroData, remote_backend_utils
 from torch_geometric.sampler.base import NumNeighbors
+
+from pyg_mgpu.sampling import remote
 
 
 def check_input_nodes(data, input_nodes) -> None:
@@ -33,6 +35,22 @@ def check_input_nodes(data, input_nodes) -> None:
         raise ValueError("input_nodes of a HeteroData is (node_type, ids or mask), or a node "
                          "type alone for all its nodes; got a tensor without its node type. "
                          f"The graph's node types are {data.node_types}.")
+    elif remote.is_remote(data):
+        if input_nodes is None:
+            raise ValueError("input_nodes=None takes every node of a Data; a (FeatureStore, "
+                             "GraphStore) pair needs its seeds named: node ids or a mask, or "
+                             "(node_type, ids or mask).")
+        if (isinstance(input_nodes, (tuple, list)) and len(input_nodes) == 2
+                and isinstance(input_nodes[0], str)):
+            node_type, nodes = input_nodes
+            num_nodes = remote_backend_utils.size(data[0], data[1], node_type)
+            name = f"input_nodes of type {node_type!r}"
+        elif isinstance(input_nodes, str):
+            return
+        else:  # a homogeneous store: its node count is its edges' size, as the sampler's
+            sizes = [attr.size for attr in data[1].get_all_edge_attrs()]
+            nodes, name = input_nodes, "input_nodes"
+            num_nodes = max(sizes[0]) if sizes and sizes[0] else None
     else:
         return
     if nodes is None or num_nodes is None:
