@@ -3,6 +3,7 @@
 Features are ``arange`` and edge attributes a multiple of the edge id, so every gather can be
 checked exactly against the caller's ``Data``.
 """
+import copy
 import itertools
 import pickle
 
@@ -713,11 +714,19 @@ def test_a_graph_changed_in_place_after_a_loader_was_built_is_sampled_as_it_is_n
     kept = pickle.loads(pickle.dumps(data))  # a copy counts its own changes from here
     assert cached_csc(kept) is not None
     data.edge_index[0] += 3
+    changed = pickle.loads(pickle.dumps(data))  # a copy made after the change: stale in it
+    assert cached_csc(changed) is None
+    assert next(iter(NeighborLoader(changed, [-1], batch_size=1,
+                                    input_nodes=torch.tensor([0])))).n_id.tolist() == [0, 4, 5, 6]
     batch = next(iter(NeighborLoader(data, [-1], batch_size=1, input_nodes=torch.tensor([0]))))
     assert batch.n_id.tolist() == [0, 4, 5, 6]
     check_names_callers_edges(data, batch)
     assert cached_csc(kept) is not None, "another copy's cache went stale"
     data.w[0] = 0  # edge 4 -> 0 can no longer be drawn
+    copied = copy.deepcopy(data)
+    assert {int(next(iter(NeighborLoader(copied, [1], batch_size=1, weight_attr="w",
+                                         input_nodes=torch.tensor([0])))).n_id[1])
+            for _ in range(40)} == {5, 6}
     drawn = {int(next(iter(NeighborLoader(data, [1], batch_size=1, weight_attr="w",
                                           input_nodes=torch.tensor([0])))).n_id[1])
              for _ in range(40)}

@@ -52,9 +52,15 @@ class CSC:
     derived: dict = field(default_factory=dict, repr=False, compare=False)
     stamp: Optional[tuple] = field(default=None, repr=False, compare=False)
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if self.stamp is not None and self.stamp != edit_counts((self.edge_index,)):
+            state["stamp"] = STALE  # changed in place before the copy: stale in it too
+        return state
+
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if self.stamp is not None:  # a copy's edits count from here
+        if self.stamp is not None and self.stamp != STALE:  # a copy's edits count from here
             self.stamp = edit_counts((self.edge_index,))
 
     @property
@@ -204,6 +210,9 @@ def build_csc(edge_index: Tensor, num_nodes: int, is_sorted: bool = False,
                          "(edge_index[1]); pass is_sorted=False.")
     csc.edge_index = edge_index
     return csc
+
+
+STALE = ("stale",)  # the stamp of a structure whose inputs changed in place: never matches
 
 
 def edit_counts(tensors: tuple) -> tuple:
