@@ -96,14 +96,21 @@ def test_baseline_runs_the_revisions_own_package_right_after_ours(tmp_path, monk
     # The revision's own package (the first commit's; unlike this checkout's, unless a shallow
     # clone's first commit is its last).
     assert (source / "pyg_mgpu" / "__init__.py").read_text() == at_first
-    results = json.loads((tmp_path / "bench.json").read_text())["results"]
-    assert results[f"pyg_mgpu@{first}"]["epoch_time_vs_pyg_mgpu"] == 2.0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["results"][f"pyg_mgpu@{first}"]["epoch_time_vs_pyg_mgpu"] == 2.0
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", first], capture_output=True,
+                            text=True).stdout.strip()
+    assert report["args"]["baseline_commit"] == commit  # the commit measured, in full
 
 
 def test_an_unknown_baseline_is_refused_with_the_reason(tmp_path, capsys):
-    with pytest.raises(SystemExit, match="--baseline no-such-rev: git archive failed"):
-        bench.main(TINY + ["--systems", "pyg_mgpu", "--baseline", "no-such-rev",
-                           "--out", str(tmp_path)])
+    out = tmp_path / "out"
+    assert bench.main(TINY + ["--systems", "pyg_mgpu", "--baseline", "no-such-rev",
+                              "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --baseline no-such-rev: no such commit in ") and \
+        len(err.strip().splitlines()) == 1, err
+    assert not out.exists()  # refused before anything is made
     assert bench.main(TINY + ["--step-costs", "--baseline", "HEAD"]) == 2
     assert "--baseline compares training runs" in capsys.readouterr().err
 

@@ -145,6 +145,7 @@ def check_args(args) -> None:
     if args.baseline and (args.step_costs or args.sampler_only or args.predict):
         raise ValueError("--baseline compares training runs; drop it with --step-costs, "
                          "--sampler-only or --predict.")
+    args.baseline_commit = resolve_revision(args.baseline) if args.baseline else None
     if args.repeats < 1:
         raise ValueError(f"--repeats must be a positive number of rounds, got {args.repeats}.")
     try:
@@ -225,6 +226,22 @@ def _run_pyg_mgpu(system: str, args, out: Path, package_root: Optional[Path] = N
     return _run(cmd, out, env=env, cwd=cwd)
 
 
+def resolve_revision(rev: str) -> str:
+    """The commit ``rev`` names in this checkout (what ``bench.json`` records: a name such as
+    ``HEAD~3`` moves on).
+
+    Raises:
+        ValueError: no git checkout, or no such commit.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    found = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet",
+                            f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ValueError(f"--baseline {rev}: no such commit in {repo} (a commit, branch or tag "
+                         "of this git checkout).")
+    return found.stdout.strip()
+
+
 def checkout_revision(rev: str, into: Path) -> Path:
     """The package as of git revision ``rev`` of this checkout, extracted under ``into``;
     raises SystemExit when there is no such revision or no git checkout."""
@@ -299,7 +316,7 @@ def run_training_bench(args, out: Path) -> dict:
         baseline = f"pyg_mgpu@{args.baseline}"
         place = systems.index("pyg_mgpu") + 1 if "pyg_mgpu" in systems else 0
         systems.insert(place, baseline)
-        source = checkout_revision(args.baseline, out / "baseline_source")
+        source = checkout_revision(args.baseline_commit, out / "baseline_source")
     for system in systems:
         if args.baseline and system == baseline:
             results[system] = _run_pyg_mgpu("pyg_mgpu", args, out / "baseline", source)
