@@ -23,7 +23,7 @@ import torch
 
 from pyg_mgpu.data.downloads import ogb_guards, run_library
 from pyg_mgpu.data.graph import undirected_edges
-from pyg_mgpu.data.validation import DatasetError
+from pyg_mgpu.data.validation import DatasetError, ids_outside
 
 if TYPE_CHECKING:  # PyG is imported when a heterogeneous graph is loaded, not for its names
     from torch_geometric.data import HeteroData
@@ -139,10 +139,10 @@ def _load_ogbn_mag(root: Path) -> HeteroData:
         n = data[node_type].num_nodes
         for key, name in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):
             ids = torch.from_numpy(np.array(split[key][node_type], dtype=np.int64))
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            outside = ids_outside(ids, n)
+            if outside:
                 raise DatasetError(f"ogbn-mag: split {key} of {node_type} holds node ids "
-                                   f"outside [0, {n}) (min {int(ids.min())}, max "
-                                   f"{int(ids.max())}); fetch the split files again.")
+                                   f"{outside}; fetch the split files again.")
             mask = torch.zeros(n, dtype=torch.bool)
             mask[ids] = True
             data[node_type][name] = mask

@@ -16,7 +16,7 @@ from torch_geometric.data import HeteroData
 from pyg_mgpu.data.csc import attach_csc, edge_type_csc, share_data
 from pyg_mgpu.data.protocol import TrainingGraph
 from pyg_mgpu.data.sharing import check_shm_room
-from pyg_mgpu.data.validation import DatasetError
+from pyg_mgpu.data.validation import DatasetError, ids_outside
 
 
 @dataclass
@@ -58,7 +58,7 @@ class HeteroGraph(TrainingGraph):
         non-empty, disjoint boolean masks of its nodes, and labels in ``[0, num_classes)`` on
         the nodes they hold (a stray label would fail mid-epoch, in the loss)."""
         store, where = self.data[self.target], f"{self.name}: node type {self.target!r}"
-        n, y = store.num_nodes, self.data[self.target].y
+        n, y = store.num_nodes, store.y
         if y.dim() != 1 or y.numel() != n:
             raise DatasetError(f"{where} has {n} nodes but labels y of shape {tuple(y.shape)}; "
                                "give it one label per node.")
@@ -82,7 +82,6 @@ class HeteroGraph(TrainingGraph):
             raise DatasetError(f"{where}: the nodes in the splits need integer labels in "
                                f"[0, {self.num_classes}), got labels from {low} to {high}; fix "
                                "them, or keep unlabelled nodes out of every split.")
-
 
     @property
     def train_idx(self) -> Tensor:
@@ -158,8 +157,7 @@ def check_edges(name: str, data: HeteroData) -> None:
     for src, rel, dst in data.edge_types:
         edge_index = data[src, rel, dst].edge_index
         for row, node_type in ((0, src), (1, dst)):
-            ids, n = edge_index[row], data[node_type].num_nodes
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            outside = ids_outside(edge_index[row], data[node_type].num_nodes)
+            if outside:
                 raise DatasetError(f"{name}: edges ({src}, {rel}, {dst}) name {node_type} "
-                                   f"nodes outside [0, {n}) (min {int(ids.min())}, max "
-                                   f"{int(ids.max())}); fix the edge list.")
+                                   f"nodes {outside}; fix the edge list.")

@@ -6,6 +6,8 @@ other, and :func:`as_signed_ids` reads ids of any integer type as a signed one.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,17 @@ def as_signed_ids(ids: Tensor, what: str, name: str) -> Tensor:
                                "than any graph has nodes or classes; fix those values.")
         return signed
     return ids.long()
+
+
+def ids_outside(ids: Tensor, num_nodes: int) -> Optional[str]:
+    """Where ``ids`` leave ``[0, num_nodes)``, for an error message
+    (``outside [0, N) (min A, max B)``), or None when they all lie within."""
+    if ids.numel() == 0:
+        return None
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and high < num_nodes:
+        return None
+    return f"outside [0, {num_nodes}) (min {low}, max {high})"
 
 
 def validate_node_data(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) -> None:
@@ -86,9 +99,9 @@ def validate_node_data(name: str, x: Tensor, y: Tensor, splits: list[Tensor]) ->
         if torch.is_floating_point(idx) or idx.dtype == torch.bool:
             raise DatasetError(f"{name}: split {split_name} must hold integer node ids, got "
                                f"{idx.dtype}.")
-        if int(idx.min()) < 0 or int(idx.max()) >= num_nodes:
-            raise DatasetError(f"{name}: split {split_name} holds node ids outside "
-                               f"[0, {num_nodes}) (min {int(idx.min())}, max {int(idx.max())}).")
+        outside = ids_outside(idx, num_nodes)
+        if outside:
+            raise DatasetError(f"{name}: split {split_name} holds node ids {outside}.")
         if idx.unique().numel() != idx.numel():
             raise DatasetError(f"{name}: split {split_name} lists some nodes more than once.")
         if seen[idx].any():
