@@ -84,9 +84,10 @@ def run_library(label: str, root: Path, folder: Path, expected: list[Path], url:
         library_root = root if writable else _mirror(root, folder, reads)
         with _one_at_a_time(label, library_root):
             library_folder = library_root / folder.absolute().relative_to(root.absolute())
-            _drop_stale_processed(label, library_folder)
+            recorded = _drop_stale_processed(label, library_folder)
             built = build(library_root)
-            _record_sources(library_folder)
+            if not recorded:
+                _record_sources(library_folder)
             return built
     except _READ_ERRORS as err:
         if missing:
@@ -159,11 +160,12 @@ def _one_at_a_time(label: str, library_root: Path, poll_s: float = 0.2) -> Itera
 SOURCES_STAMP = ".pyg_mgpu-sources.json"
 
 
-def _drop_stale_processed(label: str, folder: Path) -> None:
+def _drop_stale_processed(label: str, folder: Path) -> bool:
     """Removes the library's ``processed/`` under ``folder`` when the source files (under
     ``raw/`` or ``split/``) are not those it was made from: another set of paths, sizes or
     modification times than its :data:`SOURCES_STAMP` records, or, where it has none (made
-    before pyg_mgpu read it), a source file newer than the oldest file in it.
+    before pyg_mgpu read it), a source file newer than the oldest file in it. Returns whether
+    ``processed/`` stays with a record of the files there now (nothing to record again).
 
     PyG and OGB read ``processed/`` whenever it is there and never look at the raw files
     again, so a changed raw file would be read as it was before (and a file fixed after an
@@ -174,7 +176,7 @@ def _drop_stale_processed(label: str, folder: Path) -> None:
     outputs = [path for path in _files_under(processed) if path.name != SOURCES_STAMP]
     sources = _source_files(folder)
     if not outputs or not sources:
-        return
+        return False
     try:
         recorded = json.loads((processed / SOURCES_STAMP).read_text())
     except (OSError, ValueError):
@@ -183,17 +185,19 @@ def _drop_stale_processed(label: str, folder: Path) -> None:
         stale = recorded != _stamp(folder, sources)
     else:
         stale = max(_mtime(path) for path in sources) > min(_mtime(path) for path in outputs)
-    if stale:
-        print(f"{label}: files under {folder} changed after {processed} was made from them; "
-              "processing them again", file=sys.stderr)
-        if processed.is_symlink():  # the folder lies elsewhere: empty it, keep the link
-            for entry in processed.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-        else:
-            shutil.rmtree(processed)
+    if not stale:
+        return recorded is not None
+    print(f"{label}: files under {folder} changed after {processed} was made from them; "
+          "processing them again", file=sys.stderr)
+    if processed.is_symlink():  # the folder lies elsewhere: empty it, keep the link
+        for entry in processed.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    else:
+        shutil.rmtree(processed)
+    return False
 
 
 def _record_sources(folder: Path) -> None:
