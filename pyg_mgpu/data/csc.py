@@ -53,15 +53,11 @@ class CSC:
     stamp: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        if self.stamp is not None and self.stamp != edit_counts((self.edge_index,)):
-            state["stamp"] = STALE  # changed in place before the copy: stale in it too
-        return state
+        return {**self.__dict__, "stamp": stamp_to_copy(self.stamp, (self.edge_index,))}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if self.stamp is not None and self.stamp != STALE:  # a copy's edits count from here
-            self.stamp = edit_counts((self.edge_index,))
+        self.stamp = stamp_of_copy(self.stamp, (self.edge_index,))
 
     @property
     def num_nodes(self) -> int:
@@ -222,6 +218,18 @@ def edit_counts(tensors: tuple) -> tuple:
     every sampler, always sees the graph as it is now. A copy (pickled to a spawned rank,
     deep-copied) counts afresh: the structures take the counts again as they are unpickled."""
     return tuple(map(_version, tensors))
+
+
+def stamp_to_copy(stamp: Optional[tuple], tensors: tuple) -> Optional[tuple]:
+    """A structure's stamp as a copy of it is made (pickled): :data:`STALE` where ``tensors``
+    changed in place since it was taken, so that the copy is stale too."""
+    return STALE if stamp is not None and stamp != edit_counts(tensors) else stamp
+
+
+def stamp_of_copy(stamp: Optional[tuple], tensors: tuple) -> Optional[tuple]:
+    """The stamp of a copy as it is unpickled: its own tensors' counts from now on, or
+    :data:`STALE` as it was."""
+    return stamp if stamp is None or stamp == STALE else edit_counts(tensors)
 
 
 def _version(tensor: Optional[Tensor]) -> Optional[int]:

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 
-from pyg_mgpu.data.csc import STALE, CSC, csc_of, edge_type_csc, edit_counts, share_data
+from pyg_mgpu.data.csc import (CSC, csc_of, edge_type_csc, edit_counts, share_data,
+                               stamp_of_copy, stamp_to_copy)
 from pyg_mgpu.sampling import remote, temporal
 from pyg_mgpu.sampling.numbering import lookup_type, unseen
 from pyg_mgpu.sampling.weighted import EdgeWeights, edge_weights
@@ -242,15 +243,11 @@ class Derived:
     stamp: tuple  # the inputs' edit_counts before the build read them
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        if self.stamp != edit_counts(self.inputs):
-            state["stamp"] = STALE  # changed in place before the copy: stale in it too
-        return state
+        return {**self.__dict__, "stamp": stamp_to_copy(self.stamp, self.inputs)}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if self.stamp != STALE:
-            self.stamp = edit_counts(self.inputs)  # a copy's edits count from here
+        self.stamp = stamp_of_copy(self.stamp, self.inputs)
 
     def share_memory_(self) -> "Derived":
         """Moves ``value``'s tensors to shared memory (what :func:`~pyg_mgpu.data.csc.share_data`
