@@ -6,8 +6,9 @@ docs/benchmarks.md.
 Reads FOLDER's (the script's ``gpu-floor`` work folder, the one ``gpu-floor.tgz`` holds)
 ``steps.tsv`` (step, exit code or why it did not run or finish, seconds, an A/B run's flags),
 ``env.txt``, ``batch_sizes.json``, ``kernels.md``, each A/B run's ``metrics.json`` and
-``fused_mean.json`` (``benchmarks/fused_mean.py``'s times), and writes FOLDER/gpu_floor.md. The baseline of the A/B table is the ``fp32`` run (strict fp32
-matmuls); TF32 becomes the default only if it keeps test accuracy within ``TF32_RULE`` of it.
+``fused_mean.json`` (``benchmarks/fused_mean.py``'s times), and writes FOLDER/gpu_floor.md.
+The baseline of the A/B table is the ``fp32`` run (strict fp32 matmuls); TF32 becomes the
+default only if it keeps test accuracy within ``TF32_RULE`` of it.
 The script runs this after every step, so it imports no torch.
 """
 from __future__ import annotations

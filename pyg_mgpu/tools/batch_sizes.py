@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from pyg_mgpu.files import save_text
+from pyg_mgpu.files import check_writable, save_text
 from pyg_mgpu.tools.cli import Parser, add_setting_flags
 
 if TYPE_CHECKING:
@@ -157,7 +157,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _check_json_out(path: Path) -> None:
-    from pyg_mgpu.files import check_writable
     from pyg_mgpu.train.config import ConfigError
 
     try:
